@@ -1,0 +1,27 @@
+"""Serve KerasHub causal LMs through vLLM.
+
+`KerasHubLLM("keras_hub:<preset>")` is a `vllm.LLM` whose model runs the
+preset's own KerasHub layers on Keras's torch backend, with attention handed to
+vLLM's paged KV cache.
+"""
+
+import os
+
+# KerasHub layers must run on torch to live inside vLLM's torch model runner.
+# Set before anything imports keras; `backend.require_torch_backend()` checks it.
+os.environ.setdefault("KERAS_BACKEND", "torch")
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Lazy, so `import vllm_keras_hub.plugin` in every vLLM process does not
+    # import vllm.LLM and its entrypoint machinery.
+    if name == "KerasHubLLM":
+        from vllm_keras_hub.llm import KerasHubLLM
+
+        return KerasHubLLM
+    raise AttributeError(name)
+
+
+__all__ = ["KerasHubLLM"]

@@ -1,0 +1,67 @@
+"""The Hugging Face config type that carries a KerasHub preset into vLLM.
+
+vLLM reads `config.json` through transformers' `AutoConfig`, keyed by
+`model_type`, and picks the model class by `architectures`. This config holds
+the real dims vLLM sizes the KV cache from, plus the preset reference. It is
+defined at module level so it pickles across vLLM's spawned processes.
+"""
+
+from transformers import AutoConfig
+from transformers import PretrainedConfig
+
+MODEL_TYPE = "keras_hub_torch"
+ARCHITECTURE = "KerasHubForCausalLM"
+# The tokenizer mode under which keras-hub's own `KerasHubTokenizer` serves a
+# tokenizer that cannot be exported exactly.
+KERAS_HUB_TOKENIZER_MODE = "keras_hub"
+
+
+class KerasHubConfig(PretrainedConfig):
+    """Config of a KerasHub preset served on vLLM's torch model runner.
+
+    Args:
+        keras_hub_preset: What `keras_hub.models.CausalLM.from_preset`
+            accepts: a Kaggle handle, `hf://...`, or a local folder.
+        keras_hub_family: The family key in `families.FAMILIES`.
+        vocab_size: Rows of the token embedding (the logits width).
+        hidden_size: Backbone hidden size.
+        num_hidden_layers: Transformer layers; one KV cache each.
+        num_attention_heads: Query heads.
+        num_key_value_heads: Key/value heads.
+        head_dim: Per-head size.
+        max_position_embeddings: The longest sequence the preset supports.
+    """
+
+    model_type = MODEL_TYPE
+
+    def __init__(
+        self,
+        keras_hub_preset=None,
+        keras_hub_family=None,
+        vocab_size=1,
+        hidden_size=1,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=None,
+        head_dim=None,
+        max_position_embeddings=8192,
+        **kwargs,
+    ):
+        self.keras_hub_preset = keras_hub_preset
+        self.keras_hub_family = keras_hub_family
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads or num_attention_heads
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.max_position_embeddings = max_position_embeddings
+        super().__init__(**kwargs)
+
+
+def register_config():
+    """Teaches transformers' `AutoConfig` our model type. Re-entrant."""
+    try:
+        AutoConfig.register(MODEL_TYPE, KerasHubConfig)
+    except ValueError:
+        pass  # Already registered in this process.

@@ -1,0 +1,145 @@
+"""Every KerasHub causal-LM family, and whether it has a route to vLLM.
+
+One table, keyed by the backbone class a preset's `config.json` names. A family
+with a route runs its own KerasHub layers with attention handed to vLLM's
+`Attention`; every other family is refused at start-up with its reason, never
+served by a slower or wrong fallback.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """How one KerasHub family is served.
+
+    Args:
+        name: Short family key, e.g. `"llama3"`.
+        display_name: What users call it, e.g. `"Gemma / Gemma2"`.
+        backbone: The KerasHub backbone class name presets record.
+        route: Where attention reaches vLLM: `"keras_hub"` for the serving
+            route keras-hub itself ships, `None` for no route.
+        stop_tokens: Turn-end tokens the family's `CausalLM.generate()`
+            stops on besides the tokenizer's `end_token_id` (and
+            `end_token2_id`, read from the tokenizer itself).
+        unsupported_reason: Why a family without a route cannot be served.
+    """
+
+    name: str
+    display_name: str
+    backbone: str
+    route: str | None = "keras_hub"
+    stop_tokens: tuple[str, ...] = ()
+    unsupported_reason: str = ""
+
+
+_NO_ROUTE = "its attention layer has no paged-attention route yet"
+
+FAMILIES = (
+    Family("gpt2", "GPT-2", "GPT2Backbone"),
+    Family("opt", "OPT", "OPTBackbone"),
+    Family("llama", "Llama", "LlamaBackbone"),
+    Family("llama3", "Llama3", "Llama3Backbone"),
+    Family("mistral", "Mistral", "MistralBackbone"),
+    Family("qwen", "Qwen 2/2.5", "QwenBackbone"),
+    Family("qwen3", "Qwen3", "Qwen3Backbone"),
+    Family("gemma", "Gemma / Gemma2", "GemmaBackbone"),
+    Family(
+        "gemma3", "Gemma3 (text)", "Gemma3Backbone", stop_tokens=("<end_of_turn>",)
+    ),
+    Family("mixtral", "Mixtral", "MixtralBackbone", None, (), _NO_ROUTE),
+    Family("qwen_moe", "Qwen1.5-MoE", "QwenMoeBackbone", None, (), _NO_ROUTE),
+    Family("qwen3_moe", "Qwen3-MoE", "Qwen3MoeBackbone", None, (), _NO_ROUTE),
+    Family("smollm3", "SmolLM3", "SmolLM3Backbone", None, (), _NO_ROUTE),
+    Family(
+        "phi3",
+        "Phi-3",
+        "Phi3Backbone",
+        None,
+        ("<|end|>",),
+        "its rotary layer cannot take per-token positions",
+    ),
+    Family(
+        "gpt_neox",
+        "GPT-NeoX",
+        "GPTNeoXBackbone",
+        None,
+        (),
+        "its attention layer has no route and KerasHub's cached decode is wrong",
+    ),
+    Family("bloom", "Bloom", "BloomBackbone", None, (), _NO_ROUTE + " (ALiBi)"),
+    Family("falcon", "Falcon", "FalconBackbone", None, (), _NO_ROUTE + " (ALiBi)"),
+    Family("gpt_oss", "GPT-OSS", "GptOssBackbone", None, (), _NO_ROUTE + " (sinks)"),
+    Family(
+        "gemma3n",
+        "Gemma3n",
+        "Gemma3nBackbone",
+        None,
+        ("<end_of_turn>",),
+        _NO_ROUTE + " (KV sharing)",
+    ),
+    Family("gemma4", "Gemma4", "Gemma4Backbone", None, (), _NO_ROUTE),
+    Family(
+        "qwen3_5",
+        "Qwen3.5",
+        "Qwen3_5Backbone",
+        None,
+        (),
+        "Gated DeltaNet layers keep recurrent state, not a KV cache",
+    ),
+    Family(
+        "rwkv7",
+        "RWKV7",
+        "RWKV7Backbone",
+        None,
+        (),
+        "it has no attention at all (recurrent state only)",
+    ),
+)
+
+_BY_BACKBONE = {family.backbone: family for family in FAMILIES}
+_BY_NAME = {family.name: family for family in FAMILIES}
+
+
+class UnsupportedFamilyError(ValueError):
+    """A preset whose family vllm-keras-hub cannot serve."""
+
+
+def supported_families():
+    """Display names of the families that have a route, in table order."""
+    return [family.display_name for family in FAMILIES if family.route]
+
+
+def family_by_name(name):
+    """Returns the `Family` with key `name`."""
+    return _BY_NAME[name]
+
+
+def family_for_backbone(backbone_class_name, preset=None):
+    """Returns the servable `Family` of a backbone class name.
+
+    Args:
+        backbone_class_name: The class name a preset's `config.json` records
+            under `class_name`, e.g. `"Llama3Backbone"`.
+        preset: The preset, only for the error message.
+
+    Raises:
+        UnsupportedFamilyError: naming the family, why it cannot be served,
+            and the families that can.
+    """
+    family = _BY_BACKBONE.get(backbone_class_name)
+    where = f"Preset '{preset}'" if preset else "This preset"
+    supported = ", ".join(supported_families())
+    if family is None:
+        raise UnsupportedFamilyError(
+            f"{where} uses {backbone_class_name}, which is not a KerasHub "
+            f"causal-LM family vllm-keras-hub knows. Supported families: "
+            f"{supported}."
+        )
+    if family.route is None:
+        raise UnsupportedFamilyError(
+            f"{where} is a {family.display_name} model ({backbone_class_name}), "
+            f"which vllm-keras-hub cannot serve yet: {family.unsupported_reason}. "
+            f"Supported families: {supported}."
+        )
+    return family

@@ -1,0 +1,62 @@
+"""`KerasHubLLM`: a `vllm.LLM` that also accepts `keras_hub:<preset>`."""
+
+import vllm
+
+from vllm_keras_hub.model import LOAD_FORMAT
+from vllm_keras_hub.plugin import register
+from vllm_keras_hub.preset_folder import ModelFolder
+from vllm_keras_hub.preset_folder import strip_prefix
+
+
+class KerasHubLLM(vllm.LLM):
+    """A `vllm.LLM` that serves KerasHub presets.
+
+    `KerasHubLLM("keras_hub:<preset>", **vllm_kwargs)` accepts anything
+    `keras_hub.models.CausalLM.from_preset` does: a Kaggle handle,
+    `kaggle://...`, `hf://...`, or a local preset folder. It writes a
+    temporary model folder (config, exported tokenizer and generation config;
+    no weights), removed on `close()`, garbage collection or exit. Weights are
+    loaded once, from the preset, by the `keras_hub` load format. Without
+    `SamplingParams`, `generate` samples with the preset's own KerasHub
+    sampler (greedy for Gemma families, top-k 5 for most others), from the
+    folder's `generation_config.json`. Any other model string goes to
+    `vllm.LLM` unchanged.
+
+    Args:
+        model: `"keras_hub:<preset>"`, or any model `vllm.LLM` takes.
+        **kwargs: `vllm.LLM` arguments (`max_model_len`, `dtype`,
+            `max_num_batched_tokens`, ...).
+    """
+
+    def __init__(self, model, **kwargs):
+        self.model_folder = None
+        preset = strip_prefix(model)
+        if preset is not None:
+            register()
+            self.model_folder = ModelFolder(
+                preset, max_model_len=kwargs.get("max_model_len")
+            )
+            model = self.model_folder.path
+            kwargs.setdefault("load_format", LOAD_FORMAT)
+            kwargs.setdefault("tokenizer_mode", self.model_folder.tokenizer_mode)
+            # Keras's Layer.__call__ does not trace under torch.compile.
+            kwargs.setdefault("enforce_eager", True)
+        try:
+            super().__init__(model=model, **kwargs)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self):
+        """Shuts the engine down and removes the temporary model folder."""
+        engine = getattr(self, "llm_engine", None)
+        if engine is not None and hasattr(engine, "engine_core"):
+            engine.engine_core.shutdown()
+        if self.model_folder is not None:
+            self.model_folder.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()

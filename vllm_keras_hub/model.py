@@ -1,0 +1,280 @@
+"""The vLLM model class that runs a KerasHub preset's own layers.
+
+`KerasHubForCausalLM` holds the preset's KerasHub backbone (Keras on torch, so
+its layers are `torch.nn.Module`s) and one vLLM `Attention` per transformer
+layer. Each forward step publishes keras-hub's serving context; every routed
+KerasHub attention layer projects q/k/v, applies its own position encoding at
+vLLM's per-token positions and hands q/k/v to keras-hub's paged-attention
+bridge, which calls the layer's vLLM `Attention`. vLLM's paged KV cache and the
+platform's attention kernel do the attention; everything else stays KerasHub.
+"""
+
+import dataclasses
+import sys
+
+import torch
+from keras_hub.src.vllm.context import vllm_context_scope
+from torch import nn
+from vllm.config import set_current_vllm_config
+from vllm.model_executor.layers.attention import Attention
+
+from vllm_keras_hub import families
+from vllm_keras_hub.backend import require_torch_backend
+
+LOAD_FORMAT = "keras_hub"
+
+
+class RouteError(RuntimeError):
+    """Transformer layers that did not hand attention to vLLM exactly once."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+    """What one KerasHub attention layer asks of vLLM's `Attention`.
+
+    Args:
+        num_heads: Query heads.
+        head_size: Per-head size.
+        num_kv_heads: Key/value heads, unexpanded.
+        scale: Softmax scale.
+        sliding_window: Tokens each query sees, itself included, or `None`.
+        soft_cap: Attention-logit soft cap, or `None`.
+    """
+
+    num_heads: int
+    head_size: int
+    num_kv_heads: int
+    scale: float
+    sliding_window: int | None
+    soft_cap: float | None
+
+
+def _routing_attention_layer():
+    """The KerasHub attention layer whose vLLM route is calling us.
+
+    keras-hub's bridge hands the paged-attention function only tensors and
+    attention options, not the layer; the layer is `self` of the
+    `_compute_vllm_attention` frame up the stack.
+    """
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "_compute_vllm_attention":
+            return frame.f_locals.get("self")
+        frame = frame.f_back
+    return None
+
+
+def _transformer_layers(backbone):
+    layers = getattr(backbone, "transformer_layers", None)
+    if layers is None:
+        raise RouteError(
+            f"{type(backbone).__name__} has no `transformer_layers`; "
+            "vllm-keras-hub cannot map its attention to vLLM."
+        )
+    return list(layers)
+
+
+def _layer_owners(transformer_layers):
+    """Maps `id()` of every sublayer to its transformer layer's index."""
+    owners = {}
+    for index, layer in enumerate(transformer_layers):
+        for sublayer in layer._flatten_layers(include_self=True):
+            owners[id(sublayer)] = index
+    return owners
+
+
+def _token_inputs(input_ids):
+    # vLLM packs the tokens of all requests into one ragged sequence. Fed as a
+    # batch of one-token rows, decoder masks degenerate and only vLLM's
+    # attention mixes tokens.
+    token_ids = input_ids.reshape(-1, 1)
+    return {"token_ids": token_ids, "padding_mask": torch.ones_like(token_ids)}
+
+
+class KerasHubForCausalLM(nn.Module):
+    """A KerasHub `CausalLM` preset served by vLLM's model runner.
+
+    Built empty by vLLM; the `keras_hub` load format then calls
+    `load_preset()`, which loads the backbone and weights once with
+    `from_preset` and creates the vLLM `Attention` modules.
+
+    Args:
+        vllm_config: The engine's `VllmConfig`; `model_config.hf_config` is a
+            `KerasHubConfig`.
+        prefix: Module prefix vLLM gives the model.
+    """
+
+    def __init__(self, *, vllm_config, prefix=""):
+        super().__init__()
+        require_torch_backend()
+        load_format = vllm_config.load_config.load_format
+        if load_format != LOAD_FORMAT:
+            raise ValueError(
+                f"A KerasHub model loads its weights from its preset with "
+                f"load_format='{LOAD_FORMAT}' (--load-format {LOAD_FORMAT}), "
+                f"got load_format='{load_format}'."
+            )
+        hf_config = vllm_config.model_config.hf_config
+        self.family = families.family_by_name(hf_config.keras_hub_family)
+        families.family_for_backbone(self.family.backbone, hf_config.keras_hub_preset)
+        self.preset = hf_config.keras_hub_preset
+        self.vllm_config = vllm_config
+        self.prefix = prefix
+        self.backbone = None
+        self.attention = nn.ModuleList()
+        self._route_layers = []
+
+    def load_preset(self):
+        """Loads the backbone and its weights from the preset, once.
+
+        Built in vLLM's resolved dtype. A one-token probe through the
+        backbone then asks every attention layer for its heads, scale,
+        sliding window and soft cap, and checks that each transformer layer
+        routes; a family that does not fails here, at start-up.
+        """
+        import keras_hub
+
+        dtype = str(self.vllm_config.model_config.dtype).removeprefix("torch.")
+        backbone = keras_hub.models.Backbone.from_preset(self.preset, dtype=dtype)
+        specs, route_layers = self._probe(backbone)
+        device = self.vllm_config.device_config.device
+        with set_current_vllm_config(self.vllm_config), torch.device(device):
+            self.attention = nn.ModuleList(
+                Attention(
+                    spec.num_heads,
+                    spec.head_size,
+                    spec.scale,
+                    num_kv_heads=spec.num_kv_heads,
+                    cache_config=self.vllm_config.cache_config,
+                    logits_soft_cap=spec.soft_cap,
+                    per_layer_sliding_window=spec.sliding_window,
+                    prefix=f"{self.prefix}attention.{index}",
+                )
+                for index, spec in enumerate(specs)
+            )
+        self.backbone = backbone
+        self._route_layers = route_layers
+        self._dtype = self.vllm_config.model_config.dtype
+
+    def _probe(self, backbone):
+        """Runs one token through `backbone`, recording each route's options.
+
+        Returns:
+            `(specs, route_layers)`: an `AttentionSpec` per transformer layer,
+            and the KerasHub attention layer that routes for each.
+        """
+        transformer_layers = _transformer_layers(backbone)
+        specs, callers = [], []
+
+        def record(
+            cache,
+            query,
+            key,
+            value,
+            scale,
+            head_size,
+            num_heads,
+            num_kv_heads,
+            sliding_window=None,
+            soft_cap=None,
+        ):
+            callers.append(_routing_attention_layer())
+            specs.append(
+                AttentionSpec(
+                    num_heads=int(num_heads),
+                    head_size=int(head_size),
+                    num_kv_heads=int(num_kv_heads),
+                    scale=float(scale),
+                    sliding_window=int(sliding_window) if sliding_window else None,
+                    soft_cap=float(soft_cap) if soft_cap else None,
+                )
+            )
+            return cache, torch.zeros_like(query)
+
+        input_ids = torch.zeros(1, dtype=torch.int64)
+        with torch.inference_mode(), vllm_context_scope(
+            paged_attention_func=record,
+            positions=torch.zeros_like(input_ids),
+            kv_caches=list(range(len(transformer_layers))),
+        ):
+            backbone(_token_inputs(input_ids), training=False)
+        self._check_routes(callers, transformer_layers)
+        return specs, callers
+
+    def _check_routes(self, callers, transformer_layers):
+        """Raises `RouteError` unless layer i, and only it, routed i-th."""
+        owners = _layer_owners(transformer_layers)
+        routed = [owners.get(id(caller)) for caller in callers]
+        expected = list(range(len(transformer_layers)))
+        if routed == expected:
+            return
+        missing = [i for i in expected if i not in routed]
+        repeated = sorted({i for i in routed if i is not None and routed.count(i) > 1})
+        problems = []
+        if missing:
+            names = ", ".join(transformer_layers[i].name for i in missing)
+            problems.append(f"did not route: {names}")
+        if repeated:
+            names = ", ".join(transformer_layers[i].name for i in repeated)
+            problems.append(f"routed more than once: {names}")
+        if None in routed or not problems:
+            problems.append(f"dispatch order was {routed}")
+        raise RouteError(
+            f"{self.family.display_name} ({self.preset}): "
+            f"{len(transformer_layers)} transformer layers must each hand "
+            f"attention to vLLM exactly once, in order, but some "
+            + "; ".join(problems)
+            + ". Serving them would give wrong output."
+        )
+
+    def embed_input_ids(self, input_ids):
+        """The token embedding alone (family-specific scaling excluded)."""
+        return self.backbone.token_embedding(input_ids)
+
+    def forward(
+        self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None
+    ):
+        """Runs the backbone on vLLM's packed tokens.
+
+        Args:
+            input_ids: `(num_tokens,)` token ids of all scheduled requests.
+            positions: `(num_tokens,)` absolute position of each token.
+            intermediate_tensors: Pipeline-parallel inputs; unsupported.
+            inputs_embeds: Precomputed embeddings; unsupported.
+
+        Returns:
+            `(num_tokens, hidden_size)` final hidden states.
+        """
+        if inputs_embeds is not None or intermediate_tensors is not None:
+            raise NotImplementedError(
+                "KerasHub models take token ids only (no inputs_embeds or "
+                "pipeline parallelism)."
+            )
+        callers = []
+
+        def paged_attention(attention, query, key, value, *args, **kwargs):
+            callers.append(_routing_attention_layer())
+            dtype = self._dtype
+            return attention, attention(
+                query.to(dtype), key.to(dtype), value.to(dtype)
+            )
+
+        with vllm_context_scope(
+            paged_attention_func=paged_attention,
+            positions=positions,
+            kv_caches=self.attention,
+        ):
+            hidden_states = self.backbone(_token_inputs(input_ids), training=False)
+        if len(callers) != len(self._route_layers) or any(
+            a is not b for a, b in zip(callers, self._route_layers)
+        ):
+            self._check_routes(callers, _transformer_layers(self.backbone))
+        return hidden_states[:, 0, :]
+
+    def compute_logits(self, hidden_states):
+        """Logits through the backbone's own (possibly tied) output embedding.
+
+        KerasHub's `ReversibleEmbedding` also applies a family's final logit
+        soft cap (Gemma2).
+        """
+        return self.backbone.token_embedding(hidden_states, reverse=True)

@@ -1,0 +1,213 @@
+"""Turns a KerasHub preset into a model folder vLLM can open. No weights.
+
+The folder holds `config.json` (our model type, the real dims vLLM sizes the
+KV cache from, and the preset reference), the preset's tokenizer exported to
+Hugging Face `tokenizers` format, and `generation_config.json` with the
+family's stop ids and the preset's default sampler. Weights are read from the
+preset itself by the `keras_hub` load format.
+"""
+
+import json
+import logging
+import os
+import tempfile
+
+from vllm_keras_hub import config as config_lib
+from vllm_keras_hub import families
+from vllm_keras_hub import sampling
+from vllm_keras_hub import tokenizer_export
+
+logger = logging.getLogger(__name__)
+
+PRESET_PREFIX = "keras_hub:"
+# RoPE presets do not record a context limit; this is keras-hub's own
+# serving default. `max_model_len` raises or lowers it.
+DEFAULT_MAX_POSITION_EMBEDDINGS = 8192
+
+
+class PresetError(ValueError):
+    """A preset that cannot be opened, naming the preset and the cause."""
+
+
+def strip_prefix(model):
+    """Returns the preset of a `keras_hub:<preset>` string, else `None`."""
+    if isinstance(model, str) and model.startswith(PRESET_PREFIX):
+        return model[len(PRESET_PREFIX) :]
+    return None
+
+
+def resolve_preset(preset):
+    """Normalises a preset reference; local folders become absolute paths.
+
+    vLLM's engine processes may run in another working directory.
+    """
+    if os.path.isdir(os.path.expanduser(preset)):
+        return os.path.abspath(os.path.expanduser(preset))
+    return preset
+
+
+def read_preset(preset):
+    """Reads what serving needs from a preset, without building the model.
+
+    Args:
+        preset: Anything `keras_hub.models.CausalLM.from_preset` accepts.
+
+    Returns:
+        `(family, backbone_config, causal_lm_class)`.
+
+    Raises:
+        PresetError: the preset is missing or unreadable, naming the cause.
+        families.UnsupportedFamilyError: the family has no route.
+    """
+    from keras_hub.src.utils.preset_utils import get_preset_loader
+
+    try:
+        loader = get_preset_loader(preset)
+        backbone_cls = loader.check_backbone_class()
+    except Exception as e:  # noqa: BLE001 - re-raised with the preset named
+        raise PresetError(
+            f"Cannot open KerasHub preset '{preset}': {type(e).__name__}: {e}"
+        ) from e
+    family = families.family_for_backbone(backbone_cls.__name__, preset)
+    if hasattr(loader, "converter"):  # A Hugging Face checkpoint (hf://).
+        backbone_config = loader.converter.convert_backbone_config(loader.config)
+    else:
+        backbone_config = loader.config["config"]
+    return family, backbone_config, sampling.causal_lm_class(preset)
+
+
+def model_dims(backbone_config):
+    """Maps a KerasHub backbone config to the dims vLLM reads.
+
+    Multi-head configs name `num_heads`; grouped-query ones name
+    `num_query_heads` and `num_key_value_heads`; Gemma and Mistral name an
+    explicit `head_dim`.
+    """
+    hidden = backbone_config["hidden_dim"]
+    heads = backbone_config.get("num_query_heads") or backbone_config["num_heads"]
+    dims = {
+        "vocab_size": backbone_config["vocabulary_size"],
+        "hidden_size": hidden,
+        "num_hidden_layers": backbone_config["num_layers"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": backbone_config.get("num_key_value_heads") or heads,
+        "head_dim": backbone_config.get("head_dim") or hidden // heads,
+        "max_position_embeddings": backbone_config.get(
+            "max_sequence_length", DEFAULT_MAX_POSITION_EMBEDDINGS
+        ),
+    }
+    return {key: int(value) for key, value in dims.items()}
+
+
+def stop_token_ids(tokenizer, family):
+    """The ids the preset's `CausalLM.generate()` stops on.
+
+    `end_token_id`, then `end_token2_id` where the tokenizer has one (Llama3's
+    `<|eot_id|>`), then the family's turn-end tokens that are in the
+    vocabulary (Gemma3's `<end_of_turn>`).
+    """
+    ids = [tokenizer.end_token_id]
+    if getattr(tokenizer, "end_token2_id", None) is not None:
+        ids.append(tokenizer.end_token2_id)
+    vocabulary = tokenizer.get_vocabulary()
+    for token in family.stop_tokens:
+        if token in vocabulary:
+            ids.append(tokenizer.token_to_id(token))
+    return [int(i) for i in dict.fromkeys(ids) if i is not None]
+
+
+def adds_start_token(preset, tokenizer):
+    """Whether prompts start with the start token, as the preprocessor says."""
+    from keras_hub.src.utils.preset_utils import PREPROCESSOR_CONFIG_FILE
+    from keras_hub.src.utils.preset_utils import check_file_exists
+    from keras_hub.src.utils.preset_utils import load_json
+
+    add_start_token = True  # CausalLMPreprocessor's default.
+    if check_file_exists(preset, PREPROCESSOR_CONFIG_FILE):
+        preprocessor = load_json(preset, PREPROCESSOR_CONFIG_FILE)
+        add_start_token = preprocessor["config"].get("add_start_token", True)
+    return bool(add_start_token) and tokenizer.start_token_id is not None
+
+
+def write_model_folder(preset, directory, max_model_len=None):
+    """Writes the vLLM model folder of `preset` into `directory`.
+
+    Args:
+        preset: Anything `keras_hub.models.CausalLM.from_preset` accepts.
+        directory: An existing, empty folder.
+        max_model_len: Written as `max_position_embeddings` when given, so
+            vLLM accepts contexts up to it.
+
+    Returns:
+        The tokenizer mode vLLM must use: `"auto"` for the exported
+        tokenizer, `"keras_hub"` where only KerasHub's own tokenizer is exact.
+    """
+    from keras_hub.src.tokenizers.tokenizer import Tokenizer
+
+    config_lib.register_config()
+    preset = resolve_preset(preset)
+    family, backbone_config, causal_lm_cls = read_preset(preset)
+    tokenizer = Tokenizer.from_preset(preset)
+
+    dims = model_dims(backbone_config)
+    if max_model_len is not None:
+        dims["max_position_embeddings"] = int(max_model_len)
+    stop_ids = stop_token_ids(tokenizer, family)
+    model_config = config_lib.KerasHubConfig(
+        keras_hub_preset=preset,
+        keras_hub_family=family.name,
+        architectures=[config_lib.ARCHITECTURE],
+        eos_token_id=stop_ids[0],
+        bos_token_id=tokenizer.start_token_id,
+        pad_token_id=getattr(tokenizer, "pad_token_id", None),
+        tie_word_embeddings=False,
+        **dims,
+    )
+    model_config.save_pretrained(directory)
+
+    sampler = sampling.default_sampler(causal_lm_cls)
+    generation_config = {"eos_token_id": stop_ids}
+    if tokenizer.start_token_id is not None:
+        generation_config["bos_token_id"] = int(tokenizer.start_token_id)
+    generation_config.update(sampling.generation_config_fields(sampler))
+    with open(os.path.join(directory, "generation_config.json"), "w") as f:
+        json.dump(generation_config, f, indent=2)
+
+    try:
+        tokenizer_export.export_tokenizer(
+            tokenizer, directory, add_start_token=adds_start_token(preset, tokenizer)
+        )
+        return "auto"
+    except tokenizer_export.TokenizerExportError as e:
+        logger.warning(
+            "Serving KerasHub's own tokenizer for '%s' (tokenizer_mode=%r): "
+            "it cannot be exported exactly (%s).",
+            preset,
+            config_lib.KERAS_HUB_TOKENIZER_MODE,
+            e,
+        )
+        return config_lib.KERAS_HUB_TOKENIZER_MODE
+
+
+class ModelFolder:
+    """A temporary model folder, removed on `cleanup()`, GC or exit.
+
+    Args:
+        preset: Anything `keras_hub.models.CausalLM.from_preset` accepts.
+        max_model_len: See `write_model_folder`.
+    """
+
+    def __init__(self, preset, max_model_len=None):
+        self._directory = tempfile.TemporaryDirectory(prefix="vllm_keras_hub_")
+        self.path = self._directory.name
+        try:
+            self.tokenizer_mode = write_model_folder(
+                preset, self.path, max_model_len=max_model_len
+            )
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def cleanup(self):
+        """Removes the folder now. Safe to call more than once."""
+        self._directory.cleanup()

@@ -1,0 +1,74 @@
+"""KerasHub samplers translated into vLLM sampling settings.
+
+vLLM samples inside the engine, so a preset's own KerasHub sampler is honoured
+by translating it: into `SamplingParams` keyword arguments, and into the
+`generation_config.json` fields from which vLLM takes its default sampling
+(for `LLM.generate` without `SamplingParams` and for unset fields of OpenAI
+requests).
+"""
+
+import inspect
+
+from keras_hub.src.models.causal_lm import CausalLM
+from keras_hub.src.samplers.serialization import get as get_sampler
+from keras_hub.src.utils.preset_utils import find_subclass
+from keras_hub.src.utils.preset_utils import get_preset_loader
+from keras_hub.src.vllm.registry import sampler_to_sampling_kwargs
+
+
+def sampling_kwargs(sampler):
+    """Maps a KerasHub sampler to `vllm.SamplingParams` keyword arguments.
+
+    Greedy is `temperature=0`; top-k is `top_k` and `temperature`; top-p is
+    `top_p`, `temperature` and `top_k` when the sampler has one; random is
+    `temperature`; a sampler's seed becomes `seed`.
+
+    Args:
+        sampler: A `keras_hub.samplers.Sampler` instance or its name
+            (`"greedy"`, `"top_k"`, ...).
+
+    Raises:
+        ValueError: for samplers vLLM has no equivalent of (beam,
+            contrastive), rather than silently sampling differently.
+    """
+    sampler = get_sampler(sampler)
+    kwargs = sampler_to_sampling_kwargs(sampler)
+    if kwargs is None:
+        raise ValueError(
+            f"KerasHub's {type(sampler).__name__} has no vLLM SamplingParams "
+            "equivalent; pass explicit SamplingParams instead."
+        )
+    return kwargs
+
+
+def causal_lm_class(preset):
+    """The concrete `CausalLM` subclass `CausalLM.from_preset` would build.
+
+    Resolved the way KerasHub's `Task.from_preset` resolves it, without
+    building anything.
+    """
+    backbone_cls = get_preset_loader(preset).check_backbone_class()
+    return find_subclass(preset, CausalLM, backbone_cls)
+
+
+def default_sampler(causal_lm_cls):
+    """The sampler a `CausalLM` class compiles with by default.
+
+    Read from the concrete class's `compile` signature: Gemma-family tasks
+    override the base class's `"top_k"` with `"greedy"`.
+    """
+    default = inspect.signature(causal_lm_cls.compile).parameters["sampler"].default
+    return get_sampler(default)
+
+
+def generation_config_fields(sampler):
+    """`generation_config.json` fields that make vLLM default to `sampler`.
+
+    Args:
+        sampler: A `keras_hub.samplers.Sampler` instance or name.
+    """
+    kwargs = sampling_kwargs(sampler)
+    kwargs.pop("seed", None)  # No generation_config field carries a seed.
+    fields = {"do_sample": kwargs["temperature"] > 0}
+    fields.update(kwargs)
+    return fields
