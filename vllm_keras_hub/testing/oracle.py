@@ -1,0 +1,75 @@
+"""The correctness oracle: a preset's own `CausalLM.generate()`."""
+
+import keras
+import keras_hub
+import numpy as np
+
+
+def _pack(preset, prompts, sequence_length):
+    """The preset preprocessor's `generate_preprocess`, where it loads.
+
+    Gemma3's preprocessor requires TensorFlow even for text; without it the
+    prompt is packed as `generate_preprocess` packs it: the start token (which
+    it always prepends when the tokenizer has one), then the prompt's ids.
+    """
+    try:
+        preprocessor = keras_hub.models.CausalLMPreprocessor.from_preset(preset)
+    except (ImportError, FileNotFoundError):
+        preprocessor = None
+    if preprocessor is not None:
+        return preprocessor.generate_preprocess(prompts, sequence_length=sequence_length)
+    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
+    start = [] if tokenizer.start_token_id is None else [tokenizer.start_token_id]
+    token_ids = np.zeros((len(prompts), sequence_length), "int32")
+    padding_mask = np.zeros((len(prompts), sequence_length), bool)
+    for row, prompt in enumerate(prompts):
+        ids = start + keras.ops.convert_to_numpy(tokenizer(prompt)).tolist()
+        token_ids[row, : len(ids)] = ids
+        padding_mask[row, : len(ids)] = True
+    return {"token_ids": token_ids, "padding_mask": padding_mask}
+
+
+def keras_hub_greedy(preset, prompts, max_new_tokens, dtype="float32"):
+    """Greedy tokens of `CausalLM.generate()` on `prompts`, as token ids.
+
+    The preset's own preprocessor packs the prompts; `generate()`'s decode
+    function then runs on the packed ids with no stop tokens, so exactly `max_new_tokens` come out
+    of each row, as with vLLM's `ignore_eos=True`.
+
+    Args:
+        preset: A preset `CausalLM.from_preset` accepts.
+        prompts: Prompt strings.
+        max_new_tokens: Tokens to generate per prompt.
+        dtype: The model's dtype.
+
+    Returns:
+        A list of `(prompt_ids, generated_ids)` pairs of int lists.
+    """
+    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
+    longest = max(len(tokenizer(p)) for p in prompts) + 1
+    inputs = _pack(preset, prompts, longest + max_new_tokens)
+    causal_lm = keras_hub.models.CausalLM.from_preset(
+        preset, dtype=dtype, preprocessor=None
+    )
+    causal_lm.compile(sampler="greedy")
+    # The function `generate()` runs on each packed batch. Calling it directly
+    # skips only generate()'s output normalisation, which fails for Gemma3
+    # text-only batches on torch (it concatenates their `images: None`).
+    generate_function = causal_lm.make_generate_function()
+    outputs = generate_function(
+        {key: keras.ops.convert_to_tensor(value) for key, value in inputs.items()},
+        stop_token_ids=None,
+    )
+    token_ids = keras.ops.convert_to_numpy(outputs["token_ids"])
+    prompt_mask = keras.ops.convert_to_numpy(inputs["padding_mask"])
+    prompt_ids = keras.ops.convert_to_numpy(inputs["token_ids"])
+    results = []
+    for row in range(len(prompts)):
+        length = int(np.sum(prompt_mask[row]))
+        results.append(
+            (
+                prompt_ids[row, :length].tolist(),
+                token_ids[row, length : length + max_new_tokens].tolist(),
+            )
+        )
+    return results

@@ -1,0 +1,124 @@
+"""Tiny random-weight presets of every routed family, for tests.
+
+Each preset is a real KerasHub `CausalLM` (backbone, preprocessor, tokenizer)
+saved with `save_to_preset`: 2 layers, grouped-query attention where the family
+has it, head size 32 (the smallest vLLM's CPU kernel takes), and sliding
+windows and soft caps, where the family has them, small enough that test
+prompts exceed them.
+"""
+
+import os
+
+import keras
+import keras_hub
+
+from vllm_keras_hub.testing.tokenizers import make_tokenizer
+
+WINDOW = 8
+_COMMON = dict(num_layers=2, hidden_dim=128, intermediate_dim=256)
+_GQA = dict(num_query_heads=4, num_key_value_heads=2)
+
+# family -> (CausalLM class, Backbone class, backbone kwargs beyond the vocab)
+TINY_FAMILIES = {
+    "gpt2": ("GPT2CausalLM", "GPT2Backbone", dict(num_heads=4, max_sequence_length=256)),
+    "opt": ("OPTCausalLM", "OPTBackbone", dict(num_heads=4, max_sequence_length=256)),
+    "llama": ("LlamaCausalLM", "LlamaBackbone", dict(**_GQA, layer_norm_epsilon=1e-5)),
+    "llama3": (
+        "Llama3CausalLM",
+        "Llama3Backbone",
+        dict(
+            **_GQA,
+            rope_max_wavelength=500000,
+            rope_position_scaling_factor=8.0,
+            rope_frequency_adjustment_factor=8.0,
+            rope_low_freq_factor=1.0,
+            rope_high_freq_factor=4.0,
+            rope_pretraining_sequence_length=64,
+        ),
+    ),
+    "mistral": ("MistralCausalLM", "MistralBackbone", dict(**_GQA, sliding_window=WINDOW)),
+    "qwen": (
+        "QwenCausalLM",
+        "QwenBackbone",
+        dict(**_GQA, use_sliding_window_attention=True, sliding_window_size=WINDOW),
+    ),
+    "qwen3": (
+        "Qwen3CausalLM",
+        "Qwen3Backbone",
+        dict(**_GQA, head_dim=32, sliding_window_size=WINDOW),
+    ),
+    "gemma": (
+        "GemmaCausalLM",
+        "GemmaBackbone",
+        dict(num_query_heads=4, num_key_value_heads=1, head_dim=32),
+    ),
+    "gemma2": (
+        "GemmaCausalLM",
+        "GemmaBackbone",
+        dict(
+            **_GQA,
+            head_dim=32,
+            query_head_dim_normalize=False,
+            use_post_ffw_norm=True,
+            use_post_attention_norm=True,
+            attention_logit_soft_cap=50.0,
+            final_logit_soft_cap=30.0,
+            use_sliding_window_attention=True,
+            sliding_window_size=WINDOW,
+        ),
+    ),
+    "gemma3": (
+        "Gemma3CausalLM",
+        "Gemma3Backbone",
+        dict(
+            **_GQA,
+            head_dim=32,
+            image_size=None,
+            use_post_ffw_norm=True,
+            use_post_attention_norm=True,
+            use_sliding_window_attention=True,
+            sliding_window_size=WINDOW,
+            global_rope_scaling_factor=8.0,
+        ),
+    ),
+}
+
+_TOKENIZER_FAMILY = {"gemma2": "gemma"}
+# Gemma3CausalLMPreprocessor asserts TensorFlow is installed (for its image
+# path) even for text; these presets carry their tokenizer alone.
+NEEDS_TENSORFLOW = ("gemma3",)
+
+
+def build_tiny_preset(family, directory, seed=0, logit_scale=20.0):
+    """Saves a tiny random-weight preset of `family` into `directory`.
+
+    Args:
+        family: A key of `TINY_FAMILIES`.
+        directory: Where to save; created if missing.
+        seed: Weight initialisation seed.
+        logit_scale: Factor on the token embeddings. Random weights give
+            near-flat logits; the default widens them so greedy argmax ties
+            (which kernels may break differently) are vanishingly rare. 1.0
+            keeps them flat, for sampling tests.
+
+    Returns:
+        `directory`.
+    """
+    causal_lm_name, backbone_name, kwargs = TINY_FAMILIES[family]
+    keras.utils.set_random_seed(seed)
+    tokenizer = make_tokenizer(_TOKENIZER_FAMILY.get(family, family))
+    backbone = getattr(keras_hub.models, backbone_name)(
+        vocabulary_size=tokenizer.vocabulary_size(), **_COMMON, **kwargs
+    )
+    for variable in backbone.token_embedding.weights:
+        variable.assign(variable * logit_scale)
+    causal_lm_cls = getattr(keras_hub.models, causal_lm_name)
+    preprocessor = None
+    if family not in NEEDS_TENSORFLOW:
+        preprocessor = causal_lm_cls.preprocessor_cls(tokenizer=tokenizer)
+    causal_lm = causal_lm_cls(backbone=backbone, preprocessor=preprocessor)
+    os.makedirs(directory, exist_ok=True)
+    causal_lm.save_to_preset(directory)
+    if preprocessor is None:
+        tokenizer.save_to_preset(directory)
+    return directory

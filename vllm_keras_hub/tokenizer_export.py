@@ -1,0 +1,492 @@
+"""Exports a KerasHub tokenizer to Hugging Face `tokenizers` format, exactly.
+
+The oracle is the KerasHub tokenizer itself, quirks included, not the upstream
+tokenizer its preset was converted from:
+
+- Byte-level BPE (`BytePairTokenizer` subclasses). Without TensorFlow,
+  KerasHub tokenizes with a `tokenizers.Tokenizer` it builds itself, so that
+  pipeline is serialized as is. Notably it hands Llama-3's split regex to
+  `pre_tokenizers.Split` as a plain string, which `tokenizers` matches
+  literally: text is never pre-split, so merges run across word and
+  whitespace boundaries. The export keeps that.
+- SentencePiece (`SentencePieceTokenizer` subclasses). KerasHub runs the
+  `sentencepiece` library on `tokenizer.proto`; the export rebuilds its BPE
+  encoder in `tokenizers`: the same normalization (dummy prefix, spaces to
+  `▁`), user-defined pieces matched whole, merges ranked by piece score, byte
+  fallback, and a decoder that hides control pieces and strips the dummy
+  prefix as `sentencepiece` does. `sentencepiece` never matches control
+  pieces (`<bos>`, `<eos>`, ...) in text, so the export sets
+  `split_special_tokens`; they stay special for `skip_special_tokens`.
+  `tokenizers` does not serialize that flag: it lives in
+  `tokenizer_config.json`, so load through `transformers` (as vLLM does).
+
+Every export is checked against KerasHub on probe texts before it is written;
+a tokenizer that cannot be exported exactly raises `TokenizerExportError`.
+"""
+
+import json
+import os
+import re
+
+from keras_hub.tokenizers import BytePairTokenizer
+from keras_hub.tokenizers import SentencePieceTokenizer
+from sentencepiece import sentencepiece_model_pb2
+from tokenizers import AddedToken
+from tokenizers import Regex
+from tokenizers import Tokenizer
+from tokenizers import decoders
+from tokenizers import models
+from tokenizers import normalizers
+from tokenizers import processors
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+
+# The generic fast tokenizer: it loads `tokenizer.json` as is. Model-specific
+# classes rebuild their own pre-tokenizer and would drop KerasHub's quirks.
+TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+
+# sentencepiece_model.proto `SentencePiece.Type` and `TrainerSpec.ModelType`.
+_NORMAL = 1
+_UNKNOWN = 2
+_CONTROL = 3
+_USER_DEFINED = 4
+_UNUSED = 5
+_BYTE = 6
+_BPE_MODEL = 2
+_MODEL_TYPES = {1: "Unigram", 2: "BPE", 3: "word", 4: "char"}
+_SPACE = "\u2581"
+
+# Methods whose KerasHub implementation the export reproduces; a subclass that
+# overrides one tokenizes differently.
+_BPE_METHODS = (
+    "tokenize",
+    "detokenize",
+    "call",
+    "_tokenize_tokenizers",
+    "_detokenize_tokenizers",
+)
+_SENTENCEPIECE_METHODS = (
+    "tokenize",
+    "detokenize",
+    "call",
+    "_tokenize_spm",
+    "_detokenize_spm",
+    "set_proto",
+    "_set_proto_spm",
+)
+
+# Texts every export is checked on, besides ones drawn from its vocabulary.
+_PROBES = (
+    "",
+    " ",
+    "   ",
+    "\n\n",
+    "Hello, world!",
+    " The quick brown fox jumps over the lazy dog. ",
+    "multiple    spaces\tand\ttabs\nand\r\nnewlines\n",
+    "don't I'll we've they're DON'T",
+    "1234567890 3.14159 1,000,000",
+    "Café naïve Ångström ça va",
+    "😀🎉👍🏽 日本語 中文 한국어 Русский مرحبا",
+    "\u00a0\u2009\u202f\u3000\u200b\u00ad",
+    "▁ Ġ Ċ ĉ <0x41> <unk> <s> </s> <bos> <eos> <pad>",
+    "<|endoftext|> <|begin_of_text|> <|eot_id|> <|im_start|> <|im_end|>",
+    "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+    "def f(x):\n    return x  # ok\n",
+)
+_VOCABULARY_PROBES = 2048
+_PIECES_PER_PROBE = 16
+
+
+class TokenizerExportError(ValueError):
+    """A tokenizer that cannot be exported exactly, naming class and cause."""
+
+
+def export_tokenizer(tokenizer, directory, add_start_token):
+    """Writes `tokenizer` in Hugging Face format into `directory`.
+
+    `transformers.AutoTokenizer.from_pretrained(directory)` (and so vLLM)
+    then encodes every text to the ids `tokenizer(text)` gives, with the
+    start token prepended by the post-processor iff `add_start_token` and the
+    tokenizer has one (`encode(text, add_special_tokens=False)` never adds
+    it), and decodes ids with `skip_special_tokens=False` to the text
+    `tokenizer.detokenize(ids)` gives. The start, end and unknown tokens,
+    and the pad token where KerasHub pads with a special token, are named in
+    `tokenizer_config.json` and marked special, so `skip_special_tokens=True`
+    drops them.
+
+    Args:
+        tokenizer: A `keras_hub.tokenizers.Tokenizer`, e.g. from
+            `Tokenizer.from_preset`.
+        directory: The folder `tokenizer.json`, `tokenizer_config.json`
+            and `special_tokens_map.json` are written into; made if missing.
+        add_start_token: Whether encoding prepends the start token, as the
+            preset's preprocessor does.
+
+    Raises:
+        TokenizerExportError: the tokenizer cannot be exported exactly; the
+            message names its class and the reason.
+    """
+    name = type(tokenizer).__name__
+    if "int" not in str(getattr(tokenizer, "compute_dtype", "int")):
+        raise TokenizerExportError(
+            f"{name}: it outputs {tokenizer.compute_dtype} tokens, not ids."
+        )
+    if getattr(tokenizer, "sequence_length", None):
+        raise TokenizerExportError(
+            f"{name}: it pads or truncates every output to sequence_length="
+            f"{tokenizer.sequence_length}; export a tokenizer without it."
+        )
+    if isinstance(tokenizer, BytePairTokenizer):
+        _check_methods(tokenizer, BytePairTokenizer, _BPE_METHODS)
+        backend = _byte_pair_backend(tokenizer)
+        split_special_tokens = False
+    elif isinstance(tokenizer, SentencePieceTokenizer):
+        _check_methods(
+            tokenizer, SentencePieceTokenizer, _SENTENCEPIECE_METHODS
+        )
+        backend = _sentencepiece_backend(tokenizer)
+        split_special_tokens = True
+    else:
+        raise TokenizerExportError(
+            f"{name}: only byte-level BPE (keras_hub.tokenizers."
+            "BytePairTokenizer) and SentencePiece (keras_hub.tokenizers."
+            "SentencePieceTokenizer) tokenizers can be exported."
+        )
+    backend.encode_special_tokens = split_special_tokens
+
+    special = _special_tokens(tokenizer, backend)
+    start_token = special.get("bos_token") if add_start_token else None
+    backend.post_processor = _start_token_processor(backend, start_token)
+    _check_against_keras_hub(tokenizer, backend, special)
+
+    config = {
+        "tokenizer_class": TOKENIZER_CLASS,
+        **special,
+        "extra_special_tokens": _extra_special_tokens(
+            tokenizer, backend, special
+        ),
+        "add_bos_token": start_token is not None,
+        "add_eos_token": False,
+        "split_special_tokens": split_special_tokens,
+        "clean_up_tokenization_spaces": False,
+    }
+    os.makedirs(directory, exist_ok=True)
+    backend.save(os.path.join(directory, TOKENIZER_FILE))
+    _write_json(os.path.join(directory, TOKENIZER_CONFIG_FILE), config)
+    _write_json(os.path.join(directory, SPECIAL_TOKENS_MAP_FILE), special)
+
+
+def _write_json(path, value):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+def _check_methods(tokenizer, base, methods):
+    cls = type(tokenizer)
+    overridden = [m for m in methods if getattr(cls, m) is not getattr(base, m)]
+    if overridden:
+        raise TokenizerExportError(
+            f"{cls.__name__}: it overrides {', '.join(overridden)} of "
+            f"{base.__name__}, so it does not tokenize as the export does."
+        )
+
+
+def _byte_pair_backend(tokenizer):
+    """A copy of the `tokenizers.Tokenizer` KerasHub encodes with."""
+    name = type(tokenizer).__name__
+    if tokenizer.vocabulary is None:
+        raise TokenizerExportError(f"{name}: it has no vocabulary.")
+    if not getattr(tokenizer, "_allow_python_workflow", True):
+        raise TokenizerExportError(
+            f"{name}: it runs on the TensorFlow path "
+            "(_allow_python_workflow=False), whose GPT-2 split regex and "
+            "placeholder tricks `tokenizers` cannot reproduce."
+        )
+    tokenizer._maybe_initialized_tokenizers()
+    internal = getattr(tokenizer, "_tokenizer", None)
+    if not isinstance(internal, Tokenizer):
+        raise TokenizerExportError(
+            f"{name}: it holds no `tokenizers.Tokenizer` to export."
+        )
+    backend = Tokenizer.from_str(internal.to_str())
+    if backend.post_processor is not None:
+        raise TokenizerExportError(
+            f"{name}: its backend already has a post-processor, which the "
+            "start-token post-processor would replace."
+        )
+    if backend.padding is not None or backend.truncation is not None:
+        raise TokenizerExportError(f"{name}: its backend pads or truncates.")
+    return backend
+
+
+def _sentencepiece_backend(tokenizer):
+    """Rebuilds `sentencepiece`'s BPE encoder and decoder in `tokenizers`."""
+    name = type(tokenizer).__name__
+    if tokenizer.proto is None:
+        raise TokenizerExportError(f"{name}: it has no proto.")
+    if tokenizer.add_bos or tokenizer.add_eos:
+        raise TokenizerExportError(
+            f"{name}: it adds bos/eos to every output (add_bos="
+            f"{tokenizer.add_bos}, add_eos={tokenizer.add_eos}); the export "
+            "adds the start token only through `add_start_token`."
+        )
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(tokenizer.proto)
+    _check_sentencepiece_proto(name, proto)
+    pieces = list(proto.pieces)
+    add_dummy_prefix = proto.normalizer_spec.add_dummy_prefix
+    unknown = next(p.piece for p in pieces if p.type == _UNKNOWN)
+
+    backend = Tokenizer(
+        models.BPE(
+            vocab={p.piece: i for i, p in enumerate(pieces)},
+            merges=_sentencepiece_merges(name, pieces),
+            unk_token=unknown,
+            fuse_unk=True,
+            byte_fallback=True,
+            dropout=None,
+        )
+    )
+    # sentencepiece prepends the dummy prefix once, to the whole text, and
+    # then matches user-defined pieces in the normalized text.
+    steps = [normalizers.Prepend(_SPACE)] if add_dummy_prefix else []
+    backend.normalizer = normalizers.Sequence(
+        steps + [normalizers.Replace(" ", _SPACE)]
+    )
+    backend.add_tokens(
+        [
+            AddedToken(
+                p.piece,
+                special=p.type != _USER_DEFINED,
+                normalized=p.type == _USER_DEFINED,
+            )
+            for p in pieces
+            if p.type in (_CONTROL, _UNKNOWN, _USER_DEFINED)
+        ]
+    )
+    backend.decoder = _sentencepiece_decoder(proto, pieces)
+    return backend
+
+
+def _check_sentencepiece_proto(name, proto):
+    trainer = proto.trainer_spec
+    normalizer = proto.normalizer_spec
+    unsupported = []
+    if trainer.model_type != _BPE_MODEL:
+        model_type = _MODEL_TYPES.get(trainer.model_type, trainer.model_type)
+        unsupported.append(f"a {model_type} model (only BPE is exported)")
+    if not trainer.byte_fallback:
+        unsupported.append("no byte fallback")
+    if trainer.treat_whitespace_as_suffix:
+        unsupported.append("whitespace as suffix")
+    if normalizer.precompiled_charsmap:
+        unsupported.append(f"the '{normalizer.name}' normalization rule")
+    if normalizer.remove_extra_whitespaces:
+        unsupported.append("remove_extra_whitespaces")
+    if not normalizer.escape_whitespaces:
+        unsupported.append("unescaped whitespace")
+    if proto.denormalizer_spec.precompiled_charsmap:
+        unsupported.append("a denormalizer")
+    user_defined = [p.piece for p in proto.pieces if p.type == _USER_DEFINED]
+    if normalizer.add_dummy_prefix and user_defined:
+        # tokenizers adds a prefix per span between added tokens (or, with
+        # Metaspace, never before a leading one): neither is sentencepiece.
+        unsupported.append("a dummy prefix together with user-defined pieces")
+    if any(" " in piece for piece in user_defined):
+        unsupported.append("user-defined pieces containing spaces")
+    reserved = (_CONTROL, _UNKNOWN, _BYTE)
+    if any(p.type in reserved and len(p.piece) == 1 for p in proto.pieces):
+        unsupported.append("single-character control, unknown or byte pieces")
+    if unsupported:
+        raise TokenizerExportError(
+            f"{name}: its SentencePiece model has {'; '.join(unsupported)}."
+        )
+
+
+def _sentencepiece_merges(name, pieces):
+    """Merges that replay sentencepiece's BPE: best piece score first.
+
+    sentencepiece merges any two adjacent symbols whose concatenation is a
+    normal (or unused) piece, best score first, leftmost first on ties.
+    `tokenizers` ranks merges instead, so every split of every piece becomes
+    a merge, ordered by the piece's score. Splits of one piece get adjacent
+    ranks, longer left part first; distinct pieces must not tie.
+    """
+    symbols = {p.piece for p in pieces if p.type in (_NORMAL, _UNUSED)}
+    # A user-defined character is cut out of the text before merging, so
+    # pieces holding it are out of reach on both sides.
+    chars = {
+        p.piece
+        for p in pieces
+        if len(p.piece) == 1 and p.type in (_NORMAL, _UNUSED, _USER_DEFINED)
+    }
+    scored = []
+    seen_scores = {}
+    for index, piece in enumerate(pieces):
+        if piece.type not in (_NORMAL, _UNUSED):
+            continue
+        text = piece.piece
+        missing = set(text) - chars
+        if missing:
+            raise TokenizerExportError(
+                f"{name}: piece {text!r} holds characters that are not "
+                f"pieces themselves ({''.join(sorted(missing))!r}); "
+                "sentencepiece can merge them, `tokenizers` byte-falls back."
+            )
+        splits = [
+            (text[:k], text[k:])
+            for k in range(len(text) - 1, 0, -1)
+            if text[:k] in symbols and text[k:] in symbols
+        ]
+        if not splits:
+            continue
+        if piece.type == _UNUSED:
+            raise TokenizerExportError(
+                f"{name}: unused piece {text!r} can be formed by merges; "
+                "sentencepiece re-splits it, `tokenizers` cannot."
+            )
+        if piece.score in seen_scores:
+            raise TokenizerExportError(
+                f"{name}: pieces {seen_scores[piece.score]!r} and {text!r} "
+                f"tie on score {piece.score}; sentencepiece breaks the tie by "
+                "position, `tokenizers` by rank."
+            )
+        seen_scores[piece.score] = text
+        scored.extend((-piece.score, index, split) for split in splits)
+    scored.sort(key=lambda item: (item[0], item[1]))
+    return [split for _, _, split in scored]
+
+
+def _sentencepiece_decoder(proto, pieces):
+    """Decodes as `SentencePieceProcessor.Decode` does.
+
+    Control pieces decode to nothing and the unknown piece to its surface.
+    The dummy prefix is one `▁` stripped from the start of the decoded text,
+    as long as no byte or unknown piece comes before it. Two id sequences
+    that no text encodes to still decode differently: a run of byte pieces
+    that is not valid UTF-8 becomes one U+FFFD per byte (sentencepiece keeps
+    the valid characters in it), and byte pieces spelling `▁` decode to a
+    space (sentencepiece keeps `▁`).
+    """
+    control = [p.piece for p in pieces if p.type == _CONTROL]
+    unknown = [p.piece for p in pieces if p.type == _UNKNOWN]
+    steps = []
+    if control:
+        pattern = "|".join(re.escape(piece) for piece in control)
+        # Oniguruma's `^`/`$` match at line breaks; `\A`/`\z` do not.
+        steps.append(decoders.Replace(Regex(rf"\A(?:{pattern})\z"), ""))
+    for piece in unknown:
+        surface = proto.trainer_spec.unk_surface
+        pattern = Regex(rf"\A{re.escape(piece)}\z")
+        steps.append(decoders.Replace(pattern, surface))
+    steps += [decoders.ByteFallback(), decoders.Fuse()]
+    if proto.normalizer_spec.add_dummy_prefix:
+        steps.append(decoders.Replace(Regex(rf"\A{_SPACE}"), ""))
+    steps.append(decoders.Replace(_SPACE, " "))
+    return decoders.Sequence(steps)
+
+
+def _is_special(backend, token):
+    return any(
+        added.content == token and added.special
+        for added in backend.get_added_tokens_decoder().values()
+    )
+
+
+def _special_tokens(tokenizer, backend):
+    """The named special tokens, each special in `backend`."""
+    name = type(tokenizer).__name__
+    ids = {
+        "bos_token": getattr(tokenizer, "start_token_id", None),
+        "eos_token": getattr(tokenizer, "end_token_id", None),
+        "pad_token": getattr(tokenizer, "pad_token_id", None),
+    }
+    unknown = getattr(backend.model, "unk_token", None)
+    if unknown is not None:
+        ids["unk_token"] = backend.token_to_id(unknown)
+    special = {}
+    for key, token_id in ids.items():
+        if token_id is None:
+            continue
+        token = backend.id_to_token(int(token_id))
+        if token is None:
+            raise TokenizerExportError(
+                f"{name}: its {key} id {token_id} is not in the vocabulary."
+            )
+        if not _is_special(backend, token):
+            if key == "pad_token":
+                # KerasHub pads with id 0 in families without a pad token
+                # (e.g. "!" in GPT-2); marking it special would change text.
+                continue
+            raise TokenizerExportError(
+                f"{name}: its {key} {token!r} is matched in text like plain "
+                "text, so it cannot be a special token."
+            )
+        special[key] = token
+    return special
+
+
+def _extra_special_tokens(tokenizer, backend, special):
+    """KerasHub's other special tokens that are special in `backend`."""
+    named = set(special.values())
+    return sorted(
+        token
+        for token in set(tokenizer.special_tokens)
+        if token not in named and _is_special(backend, token)
+    )
+
+
+def _start_token_processor(backend, start_token):
+    if start_token is None:
+        return processors.TemplateProcessing(
+            single=["$A"], pair=["$A", "$B:1"], special_tokens=[]
+        )
+    start_id = backend.token_to_id(start_token)
+    return processors.TemplateProcessing(
+        single=[start_token, "$A"],
+        pair=[start_token, "$A", f"{start_token}:1", "$B:1"],
+        special_tokens=[(start_token, start_id)],
+    )
+
+
+def _probes(tokenizer):
+    probes = list(_PROBES)
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        vocabulary = tokenizer.get_vocabulary()
+        step = max(1, len(vocabulary) // _VOCABULARY_PROBES)
+        surfaces = [p.replace(_SPACE, " ") for p in vocabulary[::step]]
+        for i in range(0, len(surfaces), _PIECES_PER_PROBE):
+            probes.append("".join(surfaces[i : i + _PIECES_PER_PROBE]))
+    return probes
+
+
+def _check_against_keras_hub(tokenizer, backend, special):
+    """Raises unless `backend` encodes and decodes the probes as KerasHub."""
+    name = type(tokenizer).__name__
+    probes = _probes(tokenizer)
+    expected = [[int(i) for i in ids] for ids in tokenizer.tokenize(probes)]
+    encodings = backend.encode_batch(probes, add_special_tokens=False)
+    for text, want, got in zip(probes, expected, encodings):
+        if got.ids != want:
+            raise TokenizerExportError(
+                f"{name}: the export encodes {text!r} to {got.ids}, "
+                f"KerasHub to {want}."
+            )
+    extra = [
+        backend.token_to_id(special[key])
+        for key in ("bos_token", "eos_token")
+        if key in special
+    ]
+    sequences = expected + [extra + ids + extra for ids in expected]
+    want_texts = tokenizer.detokenize(sequences)
+    got_texts = backend.decode_batch(sequences, skip_special_tokens=False)
+    for ids, want, got in zip(sequences, want_texts, got_texts):
+        if got != want:
+            raise TokenizerExportError(
+                f"{name}: the export decodes {ids} to {got!r}, KerasHub to "
+                f"{want!r}."
+            )
