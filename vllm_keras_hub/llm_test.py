@@ -1,0 +1,74 @@
+"""`KerasHubLLM` end to end with vLLM's default process layout.
+
+The engine core and its worker are spawned processes that know our model class,
+config type and load format only through the `vllm.general_plugins` entry
+point, so this also proves the plugin registers in every process.
+"""
+
+import gc
+import os
+
+import keras_hub
+import pytest
+from vllm import SamplingParams
+
+from vllm_keras_hub import KerasHubLLM
+from vllm_keras_hub.preset_folder import ModelFolder
+from vllm_keras_hub.testing.engines import TEST_ENGINE_KWARGS
+from vllm_keras_hub.testing.engines import in_process_llm
+from vllm_keras_hub.testing.oracle import keras_hub_greedy
+from vllm_keras_hub.testing.presets import build_tiny_preset
+
+PROMPTS = ["Hello there", "The quick brown fox jumps over the lazy dog."]
+
+
+@pytest.fixture(scope="module")
+def gemma_preset(tmp_path_factory):
+    # Flat logits, so that sampling visibly differs from greedy.
+    path = str(tmp_path_factory.mktemp("gemma"))
+    return build_tiny_preset("gemma", path, logit_scale=1.0)
+
+
+@pytest.fixture(scope="module")
+def gemma_llm(gemma_preset):
+    llm = KerasHubLLM(f"keras_hub:{gemma_preset}", **TEST_ENGINE_KWARGS)
+    yield llm
+    llm.close()
+
+
+def test_default_sampling_is_the_presets_greedy_sampler(gemma_llm, gemma_preset):
+    defaults = gemma_llm.get_default_sampling_params()
+    assert defaults.temperature == 0.0
+    assert defaults.max_tokens == 16  # vLLM's default length.
+    outputs = gemma_llm.generate(PROMPTS, use_tqdm=False)
+    expected = keras_hub_greedy(gemma_preset, PROMPTS, 16)
+    end_token_id = keras_hub.tokenizers.Tokenizer.from_preset(gemma_preset).end_token_id
+    for output, (prompt_ids, generated_ids) in zip(outputs, expected):
+        assert output.prompt_token_ids == prompt_ids
+        tokens = list(output.outputs[0].token_ids)
+        assert tokens == generated_ids[: len(tokens)]
+        assert len(tokens) == 16 or tokens[-1] == end_token_id
+
+
+def test_explicit_sampling_params_override_the_defaults(gemma_llm):
+    def sample(seed):
+        params = SamplingParams(temperature=2.0, seed=seed, max_tokens=8, ignore_eos=True)
+        return tuple(gemma_llm.generate(PROMPTS[0], params, use_tqdm=False)[0].outputs[0].token_ids)
+
+    samples = [sample(seed) for seed in range(8)]
+    assert all(len(tokens) == 8 for tokens in samples)
+    assert len(set(samples)) > 1  # Sampled, not the preset's greedy default.
+    assert sample(3) == samples[3]
+
+
+def test_model_folder_is_removed_on_close_and_on_garbage_collection(gemma_preset):
+    with in_process_llm(f"keras_hub:{gemma_preset}") as llm:
+        folder = llm.model_folder.path
+        assert os.path.isfile(os.path.join(folder, "config.json"))
+    assert not os.path.exists(folder)
+
+    folder = ModelFolder(gemma_preset)
+    path = folder.path
+    del folder
+    gc.collect()
+    assert not os.path.exists(path)

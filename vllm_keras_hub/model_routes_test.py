@@ -1,0 +1,58 @@
+"""The route guard: every transformer layer hands attention to vLLM once."""
+
+import dataclasses
+
+import keras_hub
+import pytest
+import torch
+from vllm import SamplingParams
+
+from vllm_keras_hub import families
+from vllm_keras_hub.testing.engines import in_process_llm
+from vllm_keras_hub.testing.engines import served_model
+from vllm_keras_hub.testing.presets import build_tiny_preset
+from vllm_keras_hub.testing.tokenizers import make_tokenizer
+
+
+def test_layer_that_stops_routing_fails_the_step(tmp_path):
+    preset = build_tiny_preset("llama", str(tmp_path))
+    with in_process_llm(f"keras_hub:{preset}") as llm:
+        model = served_model(llm)
+        assert len(model.attention) == 2
+        # Layer 1 now answers without handing anything to vLLM.
+        attention_layer = model._route_layers[1]
+        attention_layer._compute_vllm_attention = (
+            lambda hidden_states, cache, context: torch.zeros_like(hidden_states)
+        )
+        with pytest.raises(Exception, match="did not route: transformer_layer_1"):
+            llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_family_without_route_fails_at_start_up(tmp_path, monkeypatch):
+    tokenizer = make_tokenizer("mistral")
+    backbone = keras_hub.models.MixtralBackbone(
+        vocabulary_size=tokenizer.vocabulary_size(),
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=128,
+        intermediate_dim=256,
+        num_experts=2,
+    )
+    preprocessor = keras_hub.models.MixtralCausalLMPreprocessor(tokenizer=tokenizer)
+    keras_hub.models.MixtralCausalLM(backbone, preprocessor).save_to_preset(
+        str(tmp_path)
+    )
+    # Pretend the table routed Mixtral: its real KerasHub attention layers
+    # have no vLLM route, so the start-up probe must refuse them.
+    mixtral = families._BY_BACKBONE["MixtralBackbone"]
+    monkeypatch.setitem(
+        families._BY_BACKBONE,
+        "MixtralBackbone",
+        dataclasses.replace(mixtral, route="keras_hub"),
+    )
+    with pytest.raises(
+        Exception, match="did not route: transformer_layer_0, transformer_layer_1"
+    ):
+        with in_process_llm(f"keras_hub:{tmp_path}"):
+            pass

@@ -1,0 +1,91 @@
+"""Greedy parity: served tokens equal the preset's own `CausalLM.generate()`.
+
+Every routed family, as a tiny random-weight preset saved with
+`save_to_preset` and served through `keras_hub:<folder>` by the real vLLM
+engine, scheduler, paged KV cache and CPU attention kernel.
+"""
+
+import pytest
+from vllm import SamplingParams
+
+from vllm_keras_hub.testing.engines import in_process_llm
+from vllm_keras_hub.testing.oracle import keras_hub_greedy
+from vllm_keras_hub.testing.presets import TINY_FAMILIES
+from vllm_keras_hub.testing.presets import WINDOW
+from vllm_keras_hub.testing.presets import build_tiny_preset
+
+# Lengths from 1 to ~70 tokens: several prompts pass every test preset's
+# sliding window (WINDOW tokens), and with CHUNK tokens per step the long ones
+# are prefilled in chunks while the short ones already decode.
+PROMPTS = [
+    "a",
+    "Hello there",
+    "The quick brown fox jumps over the lazy dog.",
+    "Numbers 1234567890 and punctuation; don't stop!",
+    "KerasHub models served by vLLM use a paged KV cache, continuous "
+    "batching and chunked prefill.",
+    "One two three four five six seven eight nine ten eleven twelve "
+    "thirteen fourteen fifteen sixteen seventeen",
+]
+MAX_NEW_TOKENS = 12
+CHUNK = 16
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def presets(tmp_path_factory):
+    """Tiny presets, built once per family on first use."""
+    built = {}
+
+    def get(family):
+        if family not in built:
+            path = tmp_path_factory.mktemp(family)
+            built[family] = build_tiny_preset(family, str(path))
+        return built[family]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def references(presets):
+    """The oracle's prompt and generated ids per family, computed once."""
+    computed = {}
+
+    def get(family):
+        if family not in computed:
+            computed[family] = keras_hub_greedy(presets(family), PROMPTS, MAX_NEW_TOKENS)
+        return computed[family]
+
+    return get
+
+
+def assert_same_tokens(outputs, expected, family):
+    assert len(outputs) == len(expected)
+    for prompt, output, (prompt_ids, generated_ids) in zip(PROMPTS, outputs, expected):
+        assert output.prompt_token_ids == prompt_ids, (family, prompt)
+        assert list(output.outputs[0].token_ids) == generated_ids, (family, prompt)
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_greedy_parity_batched(family, presets, references):
+    """All prompts in one batch, each prefilled whole in the first step."""
+    expected = references(family)
+    assert max(len(ids) for ids, _ in expected) > WINDOW
+    with in_process_llm(f"keras_hub:{presets(family)}") as llm:
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert_same_tokens(outputs, expected, family)
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_greedy_parity_chunked_prefill(family, presets, references):
+    """A small token budget: long prompts prefill in chunks beside decodes."""
+    expected = references(family)
+    assert sum(len(ids) for ids, _ in expected) > 2 * CHUNK
+    with in_process_llm(
+        f"keras_hub:{presets(family)}",
+        max_num_batched_tokens=CHUNK,
+        max_num_seqs=len(PROMPTS),
+        enable_chunked_prefill=True,
+    ) as llm:
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert_same_tokens(outputs, expected, family)

@@ -1,0 +1,123 @@
+import json
+import os
+
+import keras_hub
+import pytest
+
+from vllm_keras_hub import families
+from vllm_keras_hub import preset_folder
+from vllm_keras_hub.testing.presets import build_tiny_preset
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    built = {}
+
+    def get(family):
+        if family not in built:
+            built[family] = build_tiny_preset(
+                family, str(tmp_path_factory.mktemp(family))
+            )
+        return built[family]
+
+    return get
+
+
+def read(folder, name):
+    with open(os.path.join(folder, name)) as f:
+        return json.load(f)
+
+
+def test_folder_holds_config_tokenizer_and_generation_config_but_no_weights(tiny):
+    folder = preset_folder.ModelFolder(tiny("llama3"))
+    try:
+        files = sorted(os.listdir(folder.path))
+        assert "config.json" in files and "generation_config.json" in files
+        assert "tokenizer.json" in files
+        assert not [f for f in files if f.endswith((".safetensors", ".bin", ".h5"))]
+        config = read(folder.path, "config.json")
+        assert config["architectures"] == ["KerasHubForCausalLM"]
+        assert config["model_type"] == "keras_hub_torch"
+        assert config["keras_hub_preset"] == os.path.abspath(tiny("llama3"))
+        assert config["keras_hub_family"] == "llama3"
+        assert config["num_hidden_layers"] == 2
+        assert config["num_attention_heads"] == 4
+        assert config["num_key_value_heads"] == 2
+        assert config["head_dim"] == 32
+        assert config["hidden_size"] == 128
+    finally:
+        folder.cleanup()
+    assert not os.path.exists(folder.path)
+
+
+def test_max_model_len_becomes_the_position_limit(tiny):
+    folder = preset_folder.ModelFolder(tiny("qwen"), max_model_len=100)
+    try:
+        assert read(folder.path, "config.json")["max_position_embeddings"] == 100
+    finally:
+        folder.cleanup()
+
+
+def test_learned_positions_cap_the_context(tiny):
+    folder = preset_folder.ModelFolder(tiny("gpt2"))
+    try:
+        assert read(folder.path, "config.json")["max_position_embeddings"] == 256
+    finally:
+        folder.cleanup()
+
+
+@pytest.mark.parametrize(
+    "family, stop_tokens",
+    [
+        ("llama3", ["<|end_of_text|>", "<|eot_id|>"]),
+        ("gemma3", ["<eos>", "<end_of_turn>"]),
+        ("gemma", ["<eos>"]),
+        ("gpt2", ["<|endoftext|>"]),
+    ],
+)
+def test_stop_ids_are_the_ones_generate_stops_on(tiny, family, stop_tokens):
+    folder = preset_folder.ModelFolder(tiny(family))
+    try:
+        tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(tiny(family))
+        expected = [tokenizer.token_to_id(token) for token in stop_tokens]
+        assert read(folder.path, "generation_config.json")["eos_token_id"] == expected
+    finally:
+        folder.cleanup()
+
+
+@pytest.mark.parametrize(
+    "family, fields",
+    [
+        ("gemma", {"do_sample": False, "temperature": 0.0}),
+        ("gemma3", {"do_sample": False, "temperature": 0.0}),
+        ("mistral", {"do_sample": True, "temperature": 1.0, "top_k": 5}),
+    ],
+)
+def test_generation_config_carries_the_default_sampler(tiny, family, fields):
+    folder = preset_folder.ModelFolder(tiny(family))
+    try:
+        generation_config = read(folder.path, "generation_config.json")
+        assert {key: generation_config.get(key) for key in fields} == fields
+    finally:
+        folder.cleanup()
+
+
+def test_unknown_preset_names_the_preset_and_cause(tmp_path):
+    missing = str(tmp_path / "no_such_preset")
+    with pytest.raises(preset_folder.PresetError, match="no_such_preset"):
+        preset_folder.ModelFolder(missing)
+    with pytest.raises(preset_folder.PresetError, match="not_a_preset_name_xyz"):
+        preset_folder.ModelFolder("not_a_preset_name_xyz")
+
+
+def test_unsupported_family_lists_the_supported_ones(tmp_path):
+    backbone = keras_hub.models.BloomBackbone(
+        vocabulary_size=64, num_layers=1, num_heads=2, hidden_dim=64, intermediate_dim=64
+    )
+    backbone.save_to_preset(str(tmp_path))
+    with pytest.raises(families.UnsupportedFamilyError) as error:
+        preset_folder.ModelFolder(str(tmp_path))
+    message = str(error.value)
+    assert "Bloom" in message and "ALiBi" in message
+    for name in families.supported_families():
+        assert name in message
