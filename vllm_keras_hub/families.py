@@ -88,6 +88,14 @@ FAMILIES = (
         "Gated DeltaNet layers keep recurrent state, not a KV cache",
     ),
     Family(
+        "qwen3_5_moe",
+        "Qwen3.5-MoE",
+        "Qwen3_5MoeBackbone",
+        None,
+        (),
+        "Gated DeltaNet layers keep recurrent state, not a KV cache",
+    ),
+    Family(
         "rwkv7",
         "RWKV7",
         "RWKV7Backbone",
