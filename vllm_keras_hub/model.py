@@ -19,6 +19,7 @@ from vllm.config import set_current_vllm_config
 from vllm.model_executor.layers.attention import Attention
 
 from vllm_keras_hub import families
+from vllm_keras_hub import routes
 from vllm_keras_hub.backend import require_torch_backend
 
 LOAD_FORMAT = "keras_hub"
@@ -136,6 +137,7 @@ class KerasHubForCausalLM(nn.Module):
 
         dtype = str(self.vllm_config.model_config.dtype).removeprefix("torch.")
         backbone = keras_hub.models.Backbone.from_preset(self.preset, dtype=dtype)
+        routes.install(backbone, self.family)
         specs, route_layers = self._probe(backbone)
         device = self.vllm_config.device_config.device
         with set_current_vllm_config(self.vllm_config), torch.device(device):
