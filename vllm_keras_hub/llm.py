@@ -1,11 +1,37 @@
 """`KerasHubLLM`: a `vllm.LLM` that also accepts `keras_hub:<preset>`."""
 
+import os
+
 import vllm
 
 from vllm_keras_hub.model import LOAD_FORMAT
 from vllm_keras_hub.plugin import register
 from vllm_keras_hub.preset_folder import ModelFolder
 from vllm_keras_hub.preset_folder import strip_prefix
+
+
+# vLLM's default `gpu_memory_utilization=0.92` is, on the CPU backend, a share
+# of the machine's RAM reserved up front; it fails on any machine already
+# running something. A fixed KV cache is what a CPU user wants instead.
+CPU_KV_CACHE_BYTES = 2 << 30
+
+
+def default_kv_cache_bytes(memory_settings_given):
+    """The KV-cache size to set, or `None` to leave vLLM's choice.
+
+    Args:
+        memory_settings_given: Whether the user set `gpu_memory_utilization`
+            or `kv_cache_memory_bytes` themselves.
+    """
+    from vllm.platforms import current_platform
+
+    if (
+        memory_settings_given
+        or os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+        or not current_platform.is_cpu()
+    ):
+        return None
+    return CPU_KV_CACHE_BYTES
 
 
 class KerasHubLLM(vllm.LLM):
@@ -41,6 +67,11 @@ class KerasHubLLM(vllm.LLM):
             kwargs.setdefault("tokenizer_mode", self.model_folder.tokenizer_mode)
             # Keras's Layer.__call__ does not trace under torch.compile.
             kwargs.setdefault("enforce_eager", True)
+            kv_cache_bytes = default_kv_cache_bytes(
+                {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(kwargs)
+            )
+            if kv_cache_bytes is not None:
+                kwargs["kv_cache_memory_bytes"] = kv_cache_bytes
         try:
             super().__init__(model=model, **kwargs)
         except BaseException:

@@ -1,0 +1,166 @@
+"""`vllm-keras-hub`: serve a KerasHub preset over vLLM's OpenAI API.
+
+    vllm-keras-hub serve [MODEL] [any `vllm serve` flag]
+    vllm-keras-hub export MODEL DIR
+
+`serve` runs vLLM's own OpenAI-compatible server (`vllm serve`) on a model
+folder written for MODEL: `keras_hub:<preset>` or a local preset folder; with
+none, the default model, SmolLM2-135M-Instruct. `export` writes that folder
+(no weights) so that plain `vllm serve DIR --load-format keras_hub` serves it.
+"""
+
+import argparse
+import os
+import sys
+
+DEFAULT_HOST = "127.0.0.1"
+
+
+def _preset_of(model):
+    """The preset a MODEL argument names, and the name to serve it under."""
+    from vllm_keras_hub import preset_folder
+    from vllm_keras_hub import smollm2
+
+    if model is None:
+        return smollm2.default_preset_dir(), smollm2.DEFAULT_MODEL_NAME
+    preset = preset_folder.strip_prefix(model)
+    if preset is None:
+        if not os.path.isdir(os.path.expanduser(model)):
+            raise preset_folder.PresetError(
+                f"MODEL '{model}' is neither 'keras_hub:<preset>' nor a local "
+                "preset folder (no such directory)."
+            )
+        preset = model
+    return preset, model
+
+
+def _serve_parser():
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm-keras-hub")
+    subparsers = parser.add_subparsers(dest="subparser", required=True)
+    command = ServeSubcommand()
+    command.subparser_init(subparsers).set_defaults(dispatch_function=command.cmd)
+    return parser, command
+
+
+def serve(model, vllm_argv):
+    """Serves MODEL with vLLM's OpenAI-compatible server, in this process.
+
+    vLLM parses `vllm_argv` exactly as `vllm serve` does. Where they are not
+    given, this sets `--load-format keras_hub`, the folder's tokenizer mode,
+    `--host 127.0.0.1`, `--served-model-name MODEL`, `--enforce-eager`
+    (Keras's `Layer.__call__` does not trace under torch.compile) and, on
+    CPU, a 2 GiB KV cache.
+
+    Args:
+        model: `keras_hub:<preset>`, a local preset folder, or `None`.
+        vllm_argv: Further `vllm serve` flags.
+    """
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+
+    from vllm_keras_hub.llm import default_kv_cache_bytes
+    from vllm_keras_hub.model import LOAD_FORMAT
+    from vllm_keras_hub.plugin import register
+    from vllm_keras_hub.preset_folder import ModelFolder
+
+    preset, served_name = _preset_of(model)
+    register()
+    cli_env_setup()
+    parser, command = _serve_parser()
+    args = parser.parse_args(["serve", "placeholder", *vllm_argv])
+    given = {arg.split("=", 1)[0] for arg in vllm_argv}
+    folder = ModelFolder(preset, max_model_len=args.max_model_len)
+    try:
+        args.model = args.model_tag = folder.path
+        if args.load_format == "auto":
+            args.load_format = LOAD_FORMAT
+        if args.tokenizer_mode == "auto":
+            args.tokenizer_mode = folder.tokenizer_mode
+        if args.host is None:
+            args.host = DEFAULT_HOST
+        if not args.served_model_name:
+            args.served_model_name = [served_name]
+        kv_cache_bytes = default_kv_cache_bytes(
+            {"--gpu-memory-utilization", "--kv-cache-memory-bytes"} & given
+        )
+        if kv_cache_bytes is not None:
+            args.kv_cache_memory_bytes = kv_cache_bytes
+        if not {"--enforce-eager", "--no-enforce-eager", "-cc", "--compilation-config"} & given:
+            args.enforce_eager = True
+        configure_logging_from_args(args)
+        command.validate(args)
+        command.cmd(args)
+    finally:
+        folder.cleanup()
+
+
+def export(model, directory):
+    """Writes the model folder of MODEL into `directory` (new or empty)."""
+    from vllm_keras_hub.model import LOAD_FORMAT
+    from vllm_keras_hub.preset_folder import write_model_folder
+
+    preset, _ = _preset_of(model)
+    os.makedirs(directory, exist_ok=True)
+    if os.listdir(directory):
+        raise FileExistsError(f"Export folder '{directory}' is not empty.")
+    tokenizer_mode = write_model_folder(preset, directory)
+    flags = f"--load-format {LOAD_FORMAT} --enforce-eager"
+    if tokenizer_mode != "auto":
+        flags += f" --tokenizer-mode {tokenizer_mode}"
+    print(f"Wrote {directory}. Serve it with vLLM (vllm-keras-hub installed):")
+    print(f"  vllm serve {directory} {flags}")
+    print(f"  python -m vllm.entrypoints.openai.api_server --model {directory} {flags}")
+
+
+def main(argv=None):
+    """Entry point of the `vllm-keras-hub` command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="vllm-keras-hub",
+        description="Serve KerasHub causal LMs through vLLM.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_parser = commands.add_parser(
+        "serve",
+        help="serve MODEL over vLLM's OpenAI-compatible API",
+        description="MODEL is keras_hub:<preset> or a local preset folder "
+        "(default: SmolLM2-135M-Instruct). Every other flag is a `vllm serve` "
+        "flag (--port, --max-model-len, --api-key, --chat-template, ...).",
+    )
+    serve_parser.add_argument("model", nargs="?")
+    export_parser = commands.add_parser(
+        "export", help="write the model folder of MODEL for plain `vllm serve`"
+    )
+    export_parser.add_argument("model")
+    export_parser.add_argument("directory")
+
+    # Everything after MODEL belongs to vLLM's own parser.
+    if argv[:1] == ["serve"]:
+        model = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
+        rest = argv[2:] if model is not None else argv[1:]
+        if any(flag in ("-h", "--help") for flag in rest[:1]) and model is None:
+            serve_parser.print_help()
+            return 0
+        args = argparse.Namespace(command="serve", model=model, rest=rest)
+    else:
+        args = parser.parse_args(argv)
+
+    from vllm_keras_hub.families import UnsupportedFamilyError
+    from vllm_keras_hub.preset_folder import PresetError
+
+    try:
+        if args.command == "serve":
+            serve(args.model, args.rest)
+        else:
+            export(args.model, args.directory)
+    except (PresetError, UnsupportedFamilyError, FileExistsError) as e:
+        print(f"vllm-keras-hub: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
