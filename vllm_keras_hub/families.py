@@ -18,7 +18,8 @@ class Family:
         display_name: What users call it, e.g. `"Gemma / Gemma2"`.
         backbone: The KerasHub backbone class name presets record.
         route: Where attention reaches vLLM: `"keras_hub"` for the serving
-            route keras-hub itself ships, `None` for no route.
+            route keras-hub itself ships, `"vllm_keras_hub"` for one of
+            `routes.ROUTES`, `None` for no route.
         stop_tokens: Turn-end tokens the family's `CausalLM.generate()`
             stops on besides the tokenizer's `end_token_id` (and
             `end_token2_id`, read from the tokenizer itself).
@@ -47,7 +48,7 @@ FAMILIES = (
     Family(
         "gemma3", "Gemma3 (text)", "Gemma3Backbone", stop_tokens=("<end_of_turn>",)
     ),
-    Family("mixtral", "Mixtral", "MixtralBackbone", None, (), _NO_ROUTE),
+    Family("mixtral", "Mixtral", "MixtralBackbone", "vllm_keras_hub"),
     Family("qwen_moe", "Qwen1.5-MoE", "QwenMoeBackbone", None, (), _NO_ROUTE),
     Family("qwen3_moe", "Qwen3-MoE", "Qwen3MoeBackbone", None, (), _NO_ROUTE),
     Family("smollm3", "SmolLM3", "SmolLM3Backbone", None, (), _NO_ROUTE),

@@ -3,7 +3,7 @@ import pytest
 from vllm_keras_hub import families
 
 
-def test_routed_families_are_the_ones_keras_hub_routes():
+def test_routed_families_are_keras_hub_routes_and_ours():
     assert families.supported_families() == [
         "GPT-2",
         "OPT",
@@ -14,6 +14,7 @@ def test_routed_families_are_the_ones_keras_hub_routes():
         "Qwen3",
         "Gemma / Gemma2",
         "Gemma3 (text)",
+        "Mixtral",
     ]
 
 

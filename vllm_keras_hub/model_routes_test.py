@@ -43,14 +43,13 @@ def test_family_without_route_fails_at_start_up(tmp_path, monkeypatch):
     keras_hub.models.MixtralCausalLM(backbone, preprocessor).save_to_preset(
         str(tmp_path)
     )
-    # Pretend the table routed Mixtral: its real KerasHub attention layers
-    # have no vLLM route, so the start-up probe must refuse them.
-    mixtral = families._BY_BACKBONE["MixtralBackbone"]
-    monkeypatch.setitem(
-        families._BY_BACKBONE,
-        "MixtralBackbone",
-        dataclasses.replace(mixtral, route="keras_hub"),
+    # Pretend keras-hub routed Mixtral: its real KerasHub attention layers
+    # have no vLLM route of their own, so the start-up probe must refuse them.
+    mixtral = dataclasses.replace(
+        families._BY_BACKBONE["MixtralBackbone"], route="keras_hub"
     )
+    monkeypatch.setitem(families._BY_BACKBONE, "MixtralBackbone", mixtral)
+    monkeypatch.setitem(families._BY_NAME, "mixtral", mixtral)
     with pytest.raises(
         Exception, match="did not route: transformer_layer_0, transformer_layer_1"
     ):

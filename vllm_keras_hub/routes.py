@@ -4,7 +4,92 @@ keras-hub 0.32 ships a serving route (`_compute_vllm_attention`, reached from
 a context check at the top of `call`) in 8 families' attention layers. For
 the others, `install` gives the loaded backbone's attention layers the same
 kind of route, written here, so the rest of the serving path is shared.
+
+Each route mirrors keras-hub's own: the layer's own projections, its own
+rotary layer at vLLM's per-token positions, unexpanded K/V with the layer's
+own scale, sliding window and soft cap into `vllm_paged_attention`, then the
+layer's own output projection. Only the instances of one loaded backbone get
+a route; keras-hub's classes are never modified.
 """
+
+import types
+
+from keras import ops
+from keras_hub.src.vllm.attention import vllm_paged_attention
+from keras_hub.src.vllm.context import get_vllm_context
+
+
+def _mixtral(layer, hidden_states, positions):
+    # `CachedMixtralAttention`: a copy of Mistral's with public sublayers.
+    query = layer.rotary_embedding_layer(
+        layer.query_dense(hidden_states), positions=positions
+    )
+    key = layer.rotary_embedding_layer(
+        layer.key_dense(hidden_states), positions=positions
+    )
+    value = layer.value_dense(hidden_states)
+    output = vllm_paged_attention(
+        query,
+        key,
+        value,
+        layer._inv_norm_factor,
+        num_kv_heads=layer.num_key_value_heads,
+        sliding_window=layer.sliding_window,
+    )
+    return layer.output_dense(output)
+
+
+# Attention-layer class name -> the family route computing its output from
+# `(layer, hidden_states, positions)`, positions shaped `(num_tokens, 1)`.
+ROUTES = {
+    "CachedMixtralAttention": _mixtral,
+}
+
+
+def _compute_vllm_attention(self, hidden_states, cache, vllm_context):
+    """The route every installed layer takes while vLLM serves.
+
+    Named like keras-hub's own routes: the serving model finds the routing
+    layer as `self` of the `_compute_vllm_attention` frame.
+    """
+    positions = ops.reshape(vllm_context.positions, (-1, 1))
+    output = ROUTES[type(self).__name__](self, hidden_states, positions)
+    if cache is not None:
+        return output, cache
+    return output
+
+
+def _routed_call(self, *args, **kwargs):
+    """The layer's `call`, going to vLLM while a serving context is active.
+
+    Keras binds `__call__`'s arguments against `_call_signature`, taken from
+    the class's `call` when the layer was built, so the arguments arrive
+    here exactly as the class's `call` would receive them.
+    """
+    context = get_vllm_context()
+    if context is not None and context.paged_attention_func is not None:
+        arguments = self._call_signature.bind(*args, **kwargs).arguments
+        hidden_states = next(iter(arguments.values()))
+        return self._compute_vllm_attention(
+            hidden_states, arguments.get("cache"), context
+        )
+    return type(self).call(self, *args, **kwargs)
+
+
+def _attention_layer(transformer_layer):
+    """The one sublayer of `transformer_layer` that has a route in `ROUTES`."""
+    found = [
+        layer
+        for layer in transformer_layer._flatten_layers(include_self=False)
+        if type(layer).__name__ in ROUTES
+    ]
+    if len(found) != 1:
+        raise ValueError(
+            f"Expected one attention layer with a route in "
+            f"{transformer_layer.name}, found "
+            f"{[type(layer).__name__ for layer in found]}."
+        )
+    return found[0]
 
 
 def install(backbone, family):
@@ -18,4 +103,11 @@ def install(backbone, family):
     """
     if family.route == "keras_hub":
         return
-    raise NotImplementedError(f"No route written for {family.display_name} yet.")
+    if family.route != "vllm_keras_hub":
+        raise ValueError(f"{family.display_name} has no route to install.")
+    for transformer_layer in backbone.transformer_layers:
+        layer = _attention_layer(transformer_layer)
+        layer._compute_vllm_attention = types.MethodType(
+            _compute_vllm_attention, layer
+        )
+        layer.call = types.MethodType(_routed_call, layer)

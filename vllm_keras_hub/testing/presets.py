@@ -37,6 +37,11 @@ TINY_FAMILIES = {
         ),
     ),
     "mistral": ("MistralCausalLM", "MistralBackbone", dict(**_GQA, sliding_window=WINDOW)),
+    "mixtral": (
+        "MixtralCausalLM",
+        "MixtralBackbone",
+        dict(**_GQA, num_experts=4, top_k=2, sliding_window=WINDOW),
+    ),
     "qwen": (
         "QwenCausalLM",
         "QwenBackbone",

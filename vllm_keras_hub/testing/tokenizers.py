@@ -147,6 +147,7 @@ FAMILIES = (
     "gemma3",
     "llama",
     "mistral",
+    "mixtral",
 )
 
 
@@ -319,4 +320,7 @@ def make_tokenizer(family):
     if family == "mistral":
         proto = tiny_sentencepiece_proto(layout="llama")
         return keras_hub.tokenizers.MistralTokenizer(proto=proto)
+    if family == "mixtral":
+        proto = tiny_sentencepiece_proto(layout="llama")
+        return keras_hub.tokenizers.MixtralTokenizer(proto=proto)
     raise ValueError(f"Unknown family {family!r}; expected one of {FAMILIES}.")

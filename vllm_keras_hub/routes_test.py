@@ -1,0 +1,116 @@
+import keras
+import keras_hub
+import numpy as np
+import pytest
+import torch
+from keras_hub.src.vllm.context import vllm_context_scope
+
+from vllm_keras_hub import families
+from vllm_keras_hub import routes
+from vllm_keras_hub.testing.presets import TINY_FAMILIES
+from vllm_keras_hub.testing.presets import WINDOW
+
+OUR_BACKBONES = {
+    family.backbone for family in families.FAMILIES if family.route == "vllm_keras_hub"
+}
+OUR_FAMILIES = sorted(
+    name for name, (_, backbone, _) in TINY_FAMILIES.items() if backbone in OUR_BACKBONES
+)
+NUM_TOKENS = 3 * WINDOW
+
+
+def family_of(family):
+    return families.family_for_backbone(TINY_FAMILIES[family][1])
+
+
+def tiny_backbone(family, seed=0):
+    _, backbone_name, kwargs = TINY_FAMILIES[family]
+    keras.utils.set_random_seed(seed)
+    kwargs = {
+        "num_layers": 2,
+        "hidden_dim": 128,
+        "intermediate_dim": 256,
+        **kwargs,
+    }
+    return getattr(keras_hub.models, backbone_name)(vocabulary_size=64, **kwargs)
+
+
+def reference_attention(
+    cache,
+    query,
+    key,
+    value,
+    scale,
+    head_size,
+    num_heads,
+    num_kv_heads,
+    sliding_window=None,
+    soft_cap=None,
+):
+    """Causal attention over one sequence, as vLLM's kernel computes it."""
+    num_tokens = query.shape[0]
+    query = query.reshape(num_tokens, num_heads, head_size)
+    key = key.reshape(num_tokens, num_kv_heads, head_size)
+    value = value.reshape(num_tokens, num_kv_heads, head_size)
+    groups = num_heads // num_kv_heads
+    key = key.repeat_interleave(groups, dim=1)
+    value = value.repeat_interleave(groups, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", query, key) * scale
+    if soft_cap:
+        scores = soft_cap * torch.tanh(scores / soft_cap)
+    i = torch.arange(num_tokens)[:, None]
+    j = torch.arange(num_tokens)[None, :]
+    visible = j <= i
+    if sliding_window:
+        visible &= j > i - sliding_window
+    scores = scores.masked_fill(~visible, float("-inf"))
+    output = torch.einsum("hqk,khd->qhd", scores.softmax(-1), value)
+    return cache, output.reshape(num_tokens, num_heads * head_size)
+
+
+def hidden_states(backbone, token_ids):
+    inputs = {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}
+    with torch.inference_mode():
+        return keras.ops.convert_to_numpy(backbone(inputs, training=False))
+
+
+@pytest.mark.parametrize("family", OUR_FAMILIES)
+def test_route_equals_the_layers_own_attention(family):
+    backbone = tiny_backbone(family)
+    routes.install(backbone, family_of(family))
+    token_ids = np.random.default_rng(0).integers(1, 64, (1, NUM_TOKENS))
+    expected = hidden_states(backbone, token_ids)[0]
+    with vllm_context_scope(
+        paged_attention_func=reference_attention,
+        positions=torch.arange(NUM_TOKENS),
+        kv_caches=[None] * len(backbone.transformer_layers),
+    ):
+        # One token per row, as the serving model feeds vLLM's packed tokens.
+        routed = hidden_states(backbone, token_ids.reshape(-1, 1))[:, 0]
+    np.testing.assert_allclose(routed, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", OUR_FAMILIES)
+def test_install_routes_these_instances_only(family):
+    backbone = tiny_backbone(family)
+    other = tiny_backbone(family)
+    token_ids = np.arange(1, 11)[None]
+    before = hidden_states(backbone, token_ids)
+    routes.install(backbone, family_of(family))
+    attention_layers = [
+        routes._attention_layer(layer) for layer in backbone.transformer_layers
+    ]
+    attention_cls = type(attention_layers[0])
+    assert not hasattr(attention_cls, "_compute_vllm_attention")
+    assert all("call" in vars(layer) for layer in attention_layers)
+    for layer in other.transformer_layers:
+        assert "call" not in vars(routes._attention_layer(layer))
+    # Outside a serving context the layers run their own code unchanged.
+    np.testing.assert_array_equal(hidden_states(backbone, token_ids), before)
+
+
+def test_keras_hub_route_installs_nothing():
+    backbone = tiny_backbone("mistral")
+    routes.install(backbone, families.family_by_name("mistral"))
+    for layer in backbone.transformer_layers:
+        assert "call" not in vars(layer._self_attention_layer)
