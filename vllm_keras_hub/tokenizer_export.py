@@ -14,11 +14,10 @@ tokenizer its preset was converted from:
   encoder in `tokenizers`: the same normalization (dummy prefix, spaces to
   `▁`), user-defined pieces matched whole, merges ranked by piece score, byte
   fallback, and a decoder that hides control pieces and strips the dummy
-  prefix as `sentencepiece` does. `sentencepiece` never matches control
-  pieces (`<bos>`, `<eos>`, ...) in text, so the export sets
-  `split_special_tokens`; they stay special for `skip_special_tokens`.
-  `tokenizers` does not serialize that flag: it lives in
-  `tokenizer_config.json`, so load through `transformers` (as vLLM does).
+  prefix as `sentencepiece` does. One deliberate difference: control
+  pieces (`<bos>`, `<eos>`, ...) written in the text itself are read as
+  those tokens, as Hugging Face tokenizers read them and as chat templates
+  need (`sentencepiece` spells them out byte by byte).
 
 Every export is checked against KerasHub on probe texts before it is written;
 a tokenizer that cannot be exported exactly raises `TokenizerExportError`.
@@ -142,25 +141,29 @@ def export_tokenizer(tokenizer, directory, add_start_token):
     if isinstance(tokenizer, BytePairTokenizer):
         _check_methods(tokenizer, BytePairTokenizer, _BPE_METHODS)
         backend = _byte_pair_backend(tokenizer)
-        split_special_tokens = False
+        keras_hub_splits_specials = False
     elif isinstance(tokenizer, SentencePieceTokenizer):
         _check_methods(
             tokenizer, SentencePieceTokenizer, _SENTENCEPIECE_METHODS
         )
         backend = _sentencepiece_backend(tokenizer)
-        split_special_tokens = True
+        keras_hub_splits_specials = True
     else:
         raise TokenizerExportError(
             f"{name}: only byte-level BPE (keras_hub.tokenizers."
             "BytePairTokenizer) and SentencePiece (keras_hub.tokenizers."
             "SentencePieceTokenizer) tokenizers can be exported."
         )
-    backend.encode_special_tokens = split_special_tokens
-
     special = _special_tokens(tokenizer, backend)
     start_token = special.get("bos_token") if add_start_token else None
     backend.post_processor = _start_token_processor(backend, start_token)
+    backend.encode_special_tokens = keras_hub_splits_specials
     _check_against_keras_hub(tokenizer, backend, special)
+    # The one deliberate difference: `sentencepiece` never matches control
+    # pieces (`<bos>`, `</s>`, ...) written in text, Hugging Face tokenizers
+    # do, and chat templates rely on it: vLLM renders `{{ bos_token }}` into
+    # the prompt text and tokenizes that without adding special tokens.
+    split_special_tokens = False
 
     config = {
         "tokenizer_class": TOKENIZER_CLASS,
