@@ -1,0 +1,305 @@
+"""Chat templates for KerasHub presets, which ship none of their own.
+
+vLLM formats chat requests with a Jinja chat template, rendered by
+`transformers` (`bos_token`, `eos_token`, `messages`, `add_generation_prompt`
+and `raise_exception` in a sandbox with `trim_blocks` and `lstrip_blocks`).
+A preset that carries its own template (a `chat_template.jinja` file, or a
+`chat_template` in a Hugging Face `tokenizer_config.json`) should be served
+with it; every other preset gets its family's maintained format from
+`chat_format()`, written after the official template of the family's
+instruction-tuned checkpoints, text only and without tool calling.
+
+vLLM tokenizes a rendered chat prompt with `add_special_tokens=False`, so
+each template writes the start token itself where the model expects one, and
+its control strings reach the model only as KerasHub's tokenizer splits that
+text. Where a control string is not one token with KerasHub's tokenizer, the
+template's constant says so. In short:
+
+- Byte-level BPE tokenizers (Llama3, Qwen, SmolLM3) match exactly the strings
+  the tokenizer class registers as special, plus any `unsplittable_tokens`
+  its preset config lists (`hf://` conversions list every added token).
+- SentencePiece tokenizers (Gemma, Llama 2, Mistral, Mixtral, Phi-3) match
+  user-defined pieces of the proto whole, but never control pieces: a
+  `<bos>` or `<s>` written by a template is spelled out as plain text, in
+  KerasHub and in the exported tokenizer alike (which sets
+  `split_special_tokens` to agree with KerasHub).
+"""
+
+import dataclasses
+import json
+
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+HF_TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+
+NO_CHAT_TEMPLATE_HELP = (
+    "Pass a chat template with `--chat-template PATH_OR_STRING` when serving, "
+    "or with `chat_template=` to `LLM.chat`."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatFormat:
+    """A family's chat format.
+
+    Args:
+        template: The Jinja chat template, in Hugging Face conventions
+            (`messages`, `add_generation_prompt`, `bos_token`, `eos_token`).
+        turn_end_tokens: Token strings that end an assistant turn, to add to
+            the stop ids where the vocabulary has them.
+    """
+
+    template: str
+    turn_end_tokens: tuple[str, ...]
+
+
+# google/gemma-3-*-it, text only. Gemma 1 and 2 share the turns, but their
+# official templates refuse a system message; Gemma 3's folds it into the
+# first user turn, as Google advises for all three. `<start_of_turn>` and
+# `<end_of_turn>` are user-defined pieces of Gemma's SentencePiece proto, so
+# single tokens; `<bos>` is a control piece, so plain text once rendered.
+GEMMA_TEMPLATE = r"""{{- bos_token }}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set first_user_prefix = messages[0]['content'] + '\n\n' %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set first_user_prefix = '' %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}
+    {{- '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') + message['content'] | trim + '<end_of_turn>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<start_of_turn>model\n' }}
+{%- endif %}"""
+
+# meta-llama/Meta-Llama-3-8B-Instruct. Llama 3.1 and 3.2 templates also
+# write "Cutting Knowledge Date" / "Today Date" lines into the system turn
+# and handle tools; the turns are the same. Every control string here is a
+# special token of Llama3Tokenizer, so a single token.
+LLAMA3_TEMPLATE = r"""{%- for message in messages %}
+    {%- set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' %}
+    {%- if loop.index0 == 0 %}
+        {%- set content = bos_token + content %}
+    {%- endif %}
+    {{- content }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}"""
+
+# meta-llama/Llama-2-7b-chat-hf. `[INST]` and `<<SYS>>` are plain text for
+# upstream's tokenizer too; `<s>` and `</s>` are control pieces, so plain
+# text once rendered (upstream's tokenizer matches them).
+LLAMA2_TEMPLATE = r"""{%- if messages[0]['role'] == 'system' %}
+    {%- set loop_messages = messages[1:] %}
+    {%- set system_message = messages[0]['content'] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+    {%- set system_message = false %}
+{%- endif %}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if loop.index0 == 0 and system_message != false %}
+        {%- set content = '<<SYS>>\n' + system_message + '\n<</SYS>>\n\n' + message['content'] %}
+    {%- else %}
+        {%- set content = message['content'] %}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {{- bos_token + '[INST] ' + content.strip() + ' [/INST]' }}
+    {%- elif message['role'] == 'assistant' %}
+        {{- ' ' + content.strip() + ' ' + eos_token }}
+    {%- endif %}
+{%- endfor %}"""
+
+# Mistral's "v1" template (Mistral-7B-Instruct-v0.1/v0.2,
+# Mixtral-8x7B-Instruct-v0.1). `[INST]` is plain text for those tokenizers;
+# v0.3's control `[INST]` pieces are plain text for KerasHub either way, and
+# so are `<s>` and `</s>` once rendered.
+MISTRAL_TEMPLATE = r"""{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.first and system_message is defined %}
+            {{- ' [INST] ' + system_message + '\n\n' + message['content'] + ' [/INST]' }}
+        {%- else %}
+            {{- ' [INST] ' + message['content'] + ' [/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- ' ' + message['content'] + eos_token }}
+    {%- else %}
+        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}
+    {%- endif %}
+{%- endfor %}"""
+
+# Qwen/Qwen2.5-*-Instruct without tools, default system prompt included.
+# QwenTokenizer registers only `<|endoftext|>`: `<|im_start|>` and
+# `<|im_end|>` are plain text unless the preset lists them in
+# `unsplittable_tokens`.
+QWEN_TEMPLATE = r"""{%- if messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+{%- else %}
+    {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message['role'] in ['user', 'assistant'] or (message['role'] == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}
+    {%- elif message['role'] != 'system' %}
+        {{- raise_exception('Only system, user and assistant messages are supported; tool calling needs the model\'s own chat template.') }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}"""
+
+# Qwen/Qwen1.5-MoE-A2.7B-Chat (Qwen 1.5's ChatML). QwenMoeTokenizer
+# registers only `<|endoftext|>`: `<|im_start|>` and `<|im_end|>` are plain
+# text unless the preset lists them in `unsplittable_tokens`.
+QWEN_MOE_TEMPLATE = r"""{%- for message in messages %}
+    {%- if loop.first and messages[0]['role'] != 'system' %}
+        {{- '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+    {{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}"""
+
+# Qwen/Qwen3-* without tools: reasoning is dropped from assistant turns
+# before the last user turn, and `enable_thinking=False` (a chat template
+# kwarg) writes an empty think block. Qwen3Tokenizer registers `<|im_end|>`
+# and `<|endoftext|>`: `<|im_start|>`, `<think>` and `</think>` are plain
+# text unless the preset lists them in `unsplittable_tokens`.
+QWEN3_TEMPLATE = r"""{%- if messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+{%- endif %}
+{%- set ns = namespace(last_query_index=messages|length - 1) %}
+{%- for message in messages %}
+    {%- if message['role'] == 'user' %}
+        {%- set ns.last_query_index = loop.index0 %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- set content = message['content'] if message['content'] is string else '' %}
+    {%- if message['role'] == 'user' or (message['role'] == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>\n' }}
+    {%- elif message['role'] == 'assistant' %}
+        {%- set reasoning_content = '' %}
+        {%- if message['reasoning_content'] is string %}
+            {%- set reasoning_content = message['reasoning_content'] %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}
+            {{- '<|im_start|>assistant\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+        {%- else %}
+            {{- '<|im_start|>assistant\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message['role'] != 'system' %}
+        {{- raise_exception('Only system, user and assistant messages are supported; tool calling needs the model\'s own chat template.') }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}"""
+
+# microsoft/Phi-3-mini-4k-instruct (the template with system turns). Its
+# `<|user|>`, `<|assistant|>`, `<|system|>` and `<|end|>` are added tokens
+# upstream, not pieces of its `tokenizer.model`: they are single tokens only
+# where the preset's proto carries them as user-defined pieces.
+PHI3_TEMPLATE = r"""{%- for message in messages %}
+    {%- if message['role'] == 'system' %}
+        {{- '<|system|>\n' + message['content'] + '<|end|>\n' }}
+    {%- elif message['role'] == 'user' %}
+        {{- '<|user|>\n' + message['content'] + '<|end|>\n' }}
+    {%- elif message['role'] == 'assistant' %}
+        {{- '<|assistant|>\n' + message['content'] + '<|end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|assistant|>\n' }}
+{%- else %}
+    {{- eos_token }}
+{%- endif %}"""
+
+_GEMMA = ChatFormat(GEMMA_TEMPLATE, ("<end_of_turn>",))
+_MISTRAL = ChatFormat(MISTRAL_TEMPLATE, ("</s>",))
+_QWEN3 = ChatFormat(QWEN3_TEMPLATE, ("<|im_end|>",))
+
+# Families not listed have no maintained format: base-only families (GPT-2,
+# OPT, ...), and formats too involved to keep faithfully here (SmolLM3's
+# metadata system turn and reasoning modes, GPT-OSS's harmony, Gemma 4,
+# Qwen3.5).
+_CHAT_FORMATS = {
+    "gemma": _GEMMA,
+    "gemma3": _GEMMA,
+    "gemma3n": _GEMMA,
+    "llama": ChatFormat(LLAMA2_TEMPLATE, ("</s>",)),
+    "llama3": ChatFormat(LLAMA3_TEMPLATE, ("<|eot_id|>",)),
+    "mistral": _MISTRAL,
+    "mixtral": _MISTRAL,
+    "qwen": ChatFormat(QWEN_TEMPLATE, ("<|im_end|>",)),
+    "qwen_moe": ChatFormat(QWEN_MOE_TEMPLATE, ("<|im_end|>",)),
+    "qwen3": _QWEN3,
+    "qwen3_moe": _QWEN3,
+    "phi3": ChatFormat(PHI3_TEMPLATE, ("<|end|>",)),
+}
+
+
+def chat_format(family_name):
+    """Returns the maintained `ChatFormat` of a family, or `None`.
+
+    A preset's own template, from `preset_chat_template()`, takes precedence:
+    fine-tunes of a family (e.g. SmolLM2 on Llama3, Vicuna on Llama) chat in
+    formats of their own.
+
+    Args:
+        family_name: A family key of `families.FAMILIES`, e.g. `"gemma3"`.
+    """
+    return _CHAT_FORMATS.get(family_name)
+
+
+def preset_chat_template(preset):
+    """Returns the chat template a preset ships, or `None`.
+
+    A `chat_template.jinja` file in the preset comes first, then the
+    `chat_template` of a Hugging Face `tokenizer_config.json` (its `"default"`
+    entry where it lists named templates).
+
+    Args:
+        preset: Anything `keras_hub.models.CausalLM.from_preset` accepts: a
+            local folder, or a `kaggle://` or `hf://` handle.
+    """
+    from keras_hub.src.utils.preset_utils import check_file_exists
+    from keras_hub.src.utils.preset_utils import get_file
+
+    if check_file_exists(preset, CHAT_TEMPLATE_FILE):
+        with open(get_file(preset, CHAT_TEMPLATE_FILE), encoding="utf-8") as f:
+            return f.read() or None
+    if check_file_exists(preset, HF_TOKENIZER_CONFIG_FILE):
+        path = get_file(preset, HF_TOKENIZER_CONFIG_FILE)
+        with open(path, encoding="utf-8") as f:
+            template = json.load(f).get("chat_template")
+        if isinstance(template, list):
+            named = {entry.get("name"): entry.get("template") for entry in template}
+            template = named.get("default")
+        return template or None
+    return None
