@@ -11,6 +11,21 @@ TEST_ENGINE_KWARGS = dict(max_model_len=256, dtype="float32", seed=0)
 
 
 @contextlib.contextmanager
+def in_process_engine_env():
+    """Makes vLLM engines started inside the block run in this process."""
+    previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
+        gc.collect()
+
+
+@contextlib.contextmanager
 def in_process_llm(model, **kwargs):
     """A `KerasHubLLM` whose engine core and worker run in this process.
 
@@ -23,25 +38,17 @@ def in_process_llm(model, **kwargs):
         model: Passed to `KerasHubLLM`.
         **kwargs: `vllm.LLM` arguments over `TEST_ENGINE_KWARGS`.
     """
-    previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    llm = None
-    try:
+    with in_process_engine_env():
         llm = KerasHubLLM(
             model,
             distributed_executor_backend="uni",
             **{**TEST_ENGINE_KWARGS, **kwargs},
         )
-        yield llm
-    finally:
-        if llm is not None:
+        try:
+            yield llm
+        finally:
             llm.close()
             del llm
-            gc.collect()
-        if previous is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
 
 
 def served_model(llm):
