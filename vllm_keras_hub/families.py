@@ -49,8 +49,8 @@ FAMILIES = (
         "gemma3", "Gemma3 (text)", "Gemma3Backbone", stop_tokens=("<end_of_turn>",)
     ),
     Family("mixtral", "Mixtral", "MixtralBackbone", "vllm_keras_hub"),
-    Family("qwen_moe", "Qwen1.5-MoE", "QwenMoeBackbone", None, (), _NO_ROUTE),
-    Family("qwen3_moe", "Qwen3-MoE", "Qwen3MoeBackbone", None, (), _NO_ROUTE),
+    Family("qwen_moe", "Qwen1.5-MoE", "QwenMoeBackbone", "vllm_keras_hub"),
+    Family("qwen3_moe", "Qwen3-MoE", "Qwen3MoeBackbone", "vllm_keras_hub"),
     Family("smollm3", "SmolLM3", "SmolLM3Backbone", None, (), _NO_ROUTE),
     Family(
         "phi3",

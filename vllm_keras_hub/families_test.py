@@ -15,6 +15,8 @@ def test_routed_families_are_keras_hub_routes_and_ours():
         "Gemma / Gemma2",
         "Gemma3 (text)",
         "Mixtral",
+        "Qwen1.5-MoE",
+        "Qwen3-MoE",
     ]
 
 

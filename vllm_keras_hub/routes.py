@@ -15,6 +15,7 @@ a route; keras-hub's classes are never modified.
 import types
 
 from keras import ops
+from keras_hub.src.utils.keras_utils import fused_attention_op_available
 from keras_hub.src.vllm.attention import vllm_paged_attention
 from keras_hub.src.vllm.context import get_vllm_context
 
@@ -39,10 +40,62 @@ def _mixtral(layer, hidden_states, positions):
     return layer.output_dense(output)
 
 
+def _qwen_moe(layer, hidden_states, positions):
+    # `QwenMoeAttention`: Qwen's attention (q/k/v biases) with public q/k/v.
+    query = layer.rotary_embedding_layer(
+        layer.query_dense(hidden_states), positions=positions
+    )
+    key = layer.rotary_embedding_layer(
+        layer.key_dense(hidden_states), positions=positions
+    )
+    value = layer.value_dense(hidden_states)
+    sliding_window = (
+        layer.sliding_window_size if layer.use_sliding_window_attention else None
+    )
+    output = vllm_paged_attention(
+        query,
+        key,
+        value,
+        layer._inv_norm_factor,
+        num_kv_heads=layer.num_key_value_heads,
+        sliding_window=sliding_window,
+    )
+    return layer._output_dense(output)
+
+
+def _qwen3_moe(layer, hidden_states, positions):
+    # `Qwen3MoeAttention`: Qwen3's attention, per-head q/k RMSNorm before RoPE.
+    query = layer._query_dense_layer_norm(layer._query_dense(hidden_states))
+    query = layer.rotary_embedding_layer(query, positions=positions)
+    key = layer._key_dense_layer_norm(layer._key_dense(hidden_states))
+    key = layer.rotary_embedding_layer(key, positions=positions)
+    value = layer._value_dense(hidden_states)
+    # KerasHub bug: `Qwen3MoeAttention._compute_attention` applies
+    # `sliding_window_size` only on its non-fused path, and the fused one runs
+    # wherever `fused_attention_op_available()` (torch 2.x and JAX), so
+    # `generate()` attends to the whole context. Serve what the layer computes
+    # (its HF converter also sets the window even when HF's
+    # `use_sliding_window` is off).
+    sliding_window = layer.sliding_window_size or None
+    if fused_attention_op_available():
+        sliding_window = None
+    output = vllm_paged_attention(
+        query,
+        key,
+        value,
+        layer._inv_norm_factor,
+        num_kv_heads=layer.num_key_value_heads,
+        sliding_window=sliding_window,
+    )
+    return layer._output_dense(output)
+
+
 # Attention-layer class name -> the family route computing its output from
 # `(layer, hidden_states, positions)`, positions shaped `(num_tokens, 1)`.
 ROUTES = {
     "CachedMixtralAttention": _mixtral,
+    "QwenMoeAttention": _qwen_moe,
+    "Qwen3MoeAttention": _qwen3_moe,
 }
 
 

@@ -114,3 +114,37 @@ def test_keras_hub_route_installs_nothing():
     routes.install(backbone, families.family_by_name("mistral"))
     for layer in backbone.transformer_layers:
         assert "call" not in vars(layer._self_attention_layer)
+
+
+def test_qwen3_moe_route_drops_the_window_as_keras_hub_does():
+    # KerasHub bug: Qwen3MoeAttention applies `sliding_window_size` only on
+    # its non-fused path, so on torch `generate()` attends to everything. If
+    # this starts failing, KerasHub fixed it and the route should pass the
+    # window again.
+    backbone = tiny_backbone("qwen3_moe")
+    token_ids = np.arange(1, NUM_TOKENS + 1)[None]
+    windowed = hidden_states(backbone, token_ids)
+    attention_layers = [
+        routes._attention_layer(layer) for layer in backbone.transformer_layers
+    ]
+    for layer in attention_layers:
+        assert layer.sliding_window_size == WINDOW
+        layer.sliding_window_size = None
+    np.testing.assert_array_equal(hidden_states(backbone, token_ids), windowed)
+    for layer in attention_layers:
+        layer.sliding_window_size = WINDOW
+
+    windows = []
+
+    def record(*args, sliding_window=None, **kwargs):
+        windows.append(sliding_window)
+        return reference_attention(*args, sliding_window=sliding_window, **kwargs)
+
+    routes.install(backbone, family_of("qwen3_moe"))
+    with vllm_context_scope(
+        paged_attention_func=record,
+        positions=torch.arange(NUM_TOKENS),
+        kv_caches=[None] * len(attention_layers),
+    ):
+        hidden_states(backbone, token_ids.reshape(-1, 1))
+    assert windows == [None, None]

@@ -52,6 +52,31 @@ TINY_FAMILIES = {
         "Qwen3Backbone",
         dict(**_GQA, head_dim=32, sliding_window_size=WINDOW),
     ),
+    "qwen_moe": (
+        "QwenMoeCausalLM",
+        "QwenMoeBackbone",
+        dict(
+            **_GQA,
+            moe_intermediate_dim=64,
+            shared_expert_intermediate_dim=128,
+            num_experts=4,
+            top_k=2,
+            use_sliding_window_attention=True,
+            sliding_window_size=WINDOW,
+        ),
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeCausalLM",
+        "Qwen3MoeBackbone",
+        dict(
+            **_GQA,
+            head_dim=32,
+            moe_intermediate_dim=64,
+            num_experts=4,
+            top_k=2,
+            sliding_window_size=WINDOW,
+        ),
+    ),
     "gemma": (
         "GemmaCausalLM",
         "GemmaBackbone",

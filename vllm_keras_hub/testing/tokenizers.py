@@ -102,6 +102,8 @@ _BPE_SPECIAL_TOKENS = {
     ),
     "qwen": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
     "qwen3": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+    "qwen_moe": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+    "qwen3_moe": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
 }
 
 # SentencePiece id layouts: the reserved pieces and where they sit.
@@ -148,6 +150,8 @@ FAMILIES = (
     "llama",
     "mistral",
     "mixtral",
+    "qwen_moe",
+    "qwen3_moe",
 )
 
 
@@ -298,6 +302,8 @@ def make_tokenizer(family):
         "llama3": keras_hub.tokenizers.Llama3Tokenizer,
         "qwen": keras_hub.tokenizers.QwenTokenizer,
         "qwen3": keras_hub.tokenizers.Qwen3Tokenizer,
+        "qwen_moe": keras_hub.tokenizers.QwenMoeTokenizer,
+        "qwen3_moe": keras_hub.tokenizers.Qwen3MoeTokenizer,
     }
     if family in bpe_classes:
         vocabulary, merges = tiny_bpe_vocabulary_and_merges(
