@@ -51,7 +51,7 @@ FAMILIES = (
     Family("mixtral", "Mixtral", "MixtralBackbone", "vllm_keras_hub"),
     Family("qwen_moe", "Qwen1.5-MoE", "QwenMoeBackbone", "vllm_keras_hub"),
     Family("qwen3_moe", "Qwen3-MoE", "Qwen3MoeBackbone", "vllm_keras_hub"),
-    Family("smollm3", "SmolLM3", "SmolLM3Backbone", None, (), _NO_ROUTE),
+    Family("smollm3", "SmolLM3", "SmolLM3Backbone", "vllm_keras_hub"),
     Family(
         "phi3",
         "Phi-3",

@@ -17,6 +17,7 @@ def test_routed_families_are_keras_hub_routes_and_ours():
         "Mixtral",
         "Qwen1.5-MoE",
         "Qwen3-MoE",
+        "SmolLM3",
     ]
 
 

@@ -80,11 +80,15 @@ def model_dims(backbone_config):
     """Maps a KerasHub backbone config to the dims vLLM reads.
 
     Multi-head configs name `num_heads`; grouped-query ones name
-    `num_query_heads` and `num_key_value_heads`; Gemma and Mistral name an
-    explicit `head_dim`.
+    `num_query_heads` (SmolLM3: `num_attention_heads`) and
+    `num_key_value_heads`; Gemma and Mistral name an explicit `head_dim`.
     """
     hidden = backbone_config["hidden_dim"]
-    heads = backbone_config.get("num_query_heads") or backbone_config["num_heads"]
+    heads = (
+        backbone_config.get("num_query_heads")
+        or backbone_config.get("num_attention_heads")
+        or backbone_config["num_heads"]
+    )
     dims = {
         "vocab_size": backbone_config["vocabulary_size"],
         "hidden_size": hidden,

@@ -121,3 +121,18 @@ def test_unsupported_family_lists_the_supported_ones(tmp_path):
     assert "Bloom" in message and "ALiBi" in message
     for name in families.supported_families():
         assert name in message
+
+
+def test_model_dims_reads_smollm3_attention_heads():
+    dims = preset_folder.model_dims(
+        {
+            "vocabulary_size": 600,
+            "hidden_dim": 128,
+            "num_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        }
+    )
+    assert dims["num_attention_heads"] == 4
+    assert dims["num_key_value_heads"] == 2
+    assert dims["head_dim"] == 32

@@ -15,6 +15,7 @@ a route; keras-hub's classes are never modified.
 import types
 
 from keras import ops
+from keras_hub.src.models.smollm3.smollm3_utils import apply_rotary_pos_emb
 from keras_hub.src.utils.keras_utils import fused_attention_op_available
 from keras_hub.src.vllm.attention import vllm_paged_attention
 from keras_hub.src.vllm.context import get_vllm_context
@@ -90,12 +91,50 @@ def _qwen3_moe(layer, hidden_states, positions):
     return layer._output_dense(output)
 
 
+def _smollm3(layer, hidden_states, positions):
+    # `SmolLM3Attention`: Dense q/k/v reshaped to heads; no RoPE on NoPE
+    # layers (`use_rope` False, every 4th layer in SmolLM3-3B).
+    num_tokens = ops.shape(hidden_states)[0]
+    query = ops.reshape(
+        layer.q_proj(hidden_states),
+        (num_tokens, 1, layer.num_attention_heads, layer.head_dim),
+    )
+    key = ops.reshape(
+        layer.k_proj(hidden_states),
+        (num_tokens, 1, layer.num_key_value_heads, layer.head_dim),
+    )
+    value = ops.reshape(
+        layer.v_proj(hidden_states),
+        (num_tokens, 1, layer.num_key_value_heads, layer.head_dim),
+    )
+    if layer.use_rope:
+        # `SmolLM3RotaryEmbedding.call` takes only a start index; this is its
+        # computation, with its own `inv_freq`, at per-token positions.
+        rotary = layer.rotary_embedding
+        freqs = ops.cast(positions, "float32")[..., None] * ops.cast(
+            rotary.inv_freq, "float32"
+        )
+        embedding = ops.concatenate((freqs, freqs), axis=-1)
+        cos = ops.cos(embedding) * rotary.attention_scaling
+        sin = ops.sin(embedding) * rotary.attention_scaling
+        query, key = apply_rotary_pos_emb(query, key, cos, sin, expansion_axis=2)
+    output = vllm_paged_attention(
+        query,
+        key,
+        value,
+        layer._inv_norm_factor,
+        num_kv_heads=layer.num_key_value_heads,
+    )
+    return layer.o_proj(output)
+
+
 # Attention-layer class name -> the family route computing its output from
 # `(layer, hidden_states, positions)`, positions shaped `(num_tokens, 1)`.
 ROUTES = {
     "CachedMixtralAttention": _mixtral,
     "QwenMoeAttention": _qwen_moe,
     "Qwen3MoeAttention": _qwen3_moe,
+    "SmolLM3Attention": _smollm3,
 }
 
 
@@ -123,9 +162,11 @@ def _routed_call(self, *args, **kwargs):
     if context is not None and context.paged_attention_func is not None:
         arguments = self._call_signature.bind(*args, **kwargs).arguments
         hidden_states = next(iter(arguments.values()))
-        return self._compute_vllm_attention(
-            hidden_states, arguments.get("cache"), context
-        )
+        # SmolLM3 takes its cache as `self_attention_cache` in `**kwargs`.
+        cache = arguments.get("cache")
+        if cache is None:
+            cache = arguments.get("kwargs", {}).get("self_attention_cache")
+        return self._compute_vllm_attention(hidden_states, cache, context)
     return type(self).call(self, *args, **kwargs)
 
 

@@ -77,6 +77,25 @@ TINY_FAMILIES = {
             sliding_window_size=WINDOW,
         ),
     ),
+    "smollm3": (
+        "SmolLM3CausalLM",
+        "SmolLM3Backbone",
+        dict(
+            num_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            attention_bias=False,
+            attention_dropout=0.0,
+            # SmolLM3's NoPE layers: every 4th one.
+            rope_layer_enabled_list=[True, True, True, False],
+            layer_types=["full_attention"] * 4,
+            mlp_bias=False,
+            layer_norm_epsilon=1e-6,
+            max_position_embeddings=256,
+            rope_theta=5000.0,
+            partial_rotary_factor=1.0,
+        ),
+    ),
     "gemma": (
         "GemmaCausalLM",
         "GemmaBackbone",
@@ -138,7 +157,7 @@ def build_tiny_preset(family, directory, seed=0, logit_scale=20.0):
     keras.utils.set_random_seed(seed)
     tokenizer = make_tokenizer(_TOKENIZER_FAMILY.get(family, family))
     backbone = getattr(keras_hub.models, backbone_name)(
-        vocabulary_size=tokenizer.vocabulary_size(), **_COMMON, **kwargs
+        vocabulary_size=tokenizer.vocabulary_size(), **{**_COMMON, **kwargs}
     )
     for variable in backbone.token_embedding.weights:
         variable.assign(variable * logit_scale)

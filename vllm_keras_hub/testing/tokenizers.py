@@ -104,6 +104,14 @@ _BPE_SPECIAL_TOKENS = {
     "qwen3": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
     "qwen_moe": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
     "qwen3_moe": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+    "smollm3": (
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<think>",
+        "</think>",
+    ),
 }
 
 # SentencePiece id layouts: the reserved pieces and where they sit.
@@ -152,6 +160,7 @@ FAMILIES = (
     "mixtral",
     "qwen_moe",
     "qwen3_moe",
+    "smollm3",
 )
 
 
@@ -304,6 +313,7 @@ def make_tokenizer(family):
         "qwen3": keras_hub.tokenizers.Qwen3Tokenizer,
         "qwen_moe": keras_hub.tokenizers.QwenMoeTokenizer,
         "qwen3_moe": keras_hub.tokenizers.Qwen3MoeTokenizer,
+        "smollm3": keras_hub.tokenizers.SmolLM3Tokenizer,
     }
     if family in bpe_classes:
         vocabulary, merges = tiny_bpe_vocabulary_and_merges(
