@@ -52,14 +52,7 @@ FAMILIES = (
     Family("qwen_moe", "Qwen1.5-MoE", "QwenMoeBackbone", "vllm_keras_hub"),
     Family("qwen3_moe", "Qwen3-MoE", "Qwen3MoeBackbone", "vllm_keras_hub"),
     Family("smollm3", "SmolLM3", "SmolLM3Backbone", "vllm_keras_hub"),
-    Family(
-        "phi3",
-        "Phi-3",
-        "Phi3Backbone",
-        None,
-        ("<|end|>",),
-        "its rotary layer cannot take per-token positions",
-    ),
+    Family("phi3", "Phi-3", "Phi3Backbone", "vllm_keras_hub", ("<|end|>",)),
     Family(
         "gpt_neox",
         "GPT-NeoX",

@@ -18,6 +18,7 @@ def test_routed_families_are_keras_hub_routes_and_ours():
         "Qwen1.5-MoE",
         "Qwen3-MoE",
         "SmolLM3",
+        "Phi-3",
     ]
 
 

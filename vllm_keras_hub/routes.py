@@ -128,6 +128,56 @@ def _smollm3(layer, hidden_states, positions):
     return layer.o_proj(output)
 
 
+def _phi3_su_rotary(rotary, inputs, positions):
+    """`Phi3SuScaledRotaryEmbedding` at per-token positions.
+
+    Its own `_compute_cos_sin_embedding` takes only 1-D positions and picks
+    the short or long factors from `start_index + seq_len`. This is the same
+    computation per token, with the rule `generate()` applies while decoding
+    (long factors from position `pretraining_sequence_length` on). Up to that
+    length it equals `generate()` exactly; past it, keras-hub's own prefill
+    picks one factor set for the whole padded batch.
+    """
+    long = ops.cast(positions >= rotary.pretraining_sequence_length, "float32")
+    factor = long * ops.convert_to_tensor(
+        rotary.inverese_freq_long_factor, "float32"
+    ) + (1.0 - long) * ops.convert_to_tensor(
+        rotary.inverese_freq_short_factor, "float32"
+    )
+    inverse_freq = rotary._get_inverse_freq(ops.shape(inputs)[-1]) / factor
+    freq = ops.cast(positions, "float32") * inverse_freq
+    # `(num_tokens, head_dim)` -> `(num_tokens, 1, 1, head_dim)`, like `inputs`.
+    embedding = ops.concatenate((freq, freq), axis=-1)[:, None, None, :]
+    cos = ops.cast(
+        ops.cos(embedding) * rotary.embedding_scaling_factor, rotary.compute_dtype
+    )
+    sin = ops.cast(
+        ops.sin(embedding) * rotary.embedding_scaling_factor, rotary.compute_dtype
+    )
+    return rotary._apply_rotary_pos_emb(inputs, cos, sin)
+
+
+def _phi3(layer, hidden_states, positions):
+    # `Phi3Attention`: plain RoPE, or "su" (LongRoPE) scaled RoPE.
+    query = layer.query_dense(hidden_states)
+    key = layer.key_dense(hidden_states)
+    value = layer.value_dense(hidden_states)
+    if layer.rope_scaling_type == "su":
+        query = _phi3_su_rotary(layer.rotary_embedding_layer, query, positions)
+        key = _phi3_su_rotary(layer.rotary_embedding_layer, key, positions)
+    else:
+        query = layer.rotary_embedding_layer(query, positions=positions)
+        key = layer.rotary_embedding_layer(key, positions=positions)
+    output = vllm_paged_attention(
+        query,
+        key,
+        value,
+        layer._inv_norm_factor,
+        num_kv_heads=layer.num_key_value_heads,
+    )
+    return layer.output_dense(output)
+
+
 # Attention-layer class name -> the family route computing its output from
 # `(layer, hidden_states, positions)`, positions shaped `(num_tokens, 1)`.
 ROUTES = {
@@ -135,6 +185,7 @@ ROUTES = {
     "QwenMoeAttention": _qwen_moe,
     "Qwen3MoeAttention": _qwen3_moe,
     "SmolLM3Attention": _smollm3,
+    "Phi3Attention": _phi3,
 }
 
 

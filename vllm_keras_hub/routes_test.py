@@ -148,3 +148,25 @@ def test_qwen3_moe_route_drops_the_window_as_keras_hub_does():
     ):
         hidden_states(backbone, token_ids.reshape(-1, 1))
     assert windows == [None, None]
+
+
+def test_phi3_su_rotary_per_token_equals_keras_hub_decoding():
+    backbone = tiny_backbone("phi3_su")
+    rotary = routes._attention_layer(
+        backbone.transformer_layers[0]
+    ).rotary_embedding_layer
+    pretraining = rotary.pretraining_sequence_length
+    positions = np.array([0, 5, pretraining - 1, pretraining, 3 * pretraining])
+    inputs = np.random.default_rng(0).normal(size=(len(positions), 1, 4, 32))
+    inputs = keras.ops.convert_to_tensor(inputs, "float32")
+    routed = routes._phi3_su_rotary(
+        rotary, inputs, keras.ops.convert_to_tensor(positions[:, None])
+    )
+    for row, position in enumerate(positions):
+        # What generate() computes for a token decoded at `position`.
+        expected = rotary(inputs[row : row + 1], start_index=int(position))
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(routed[row : row + 1]),
+            keras.ops.convert_to_numpy(expected),
+            atol=1e-5,
+        )

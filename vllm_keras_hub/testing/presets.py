@@ -96,6 +96,22 @@ TINY_FAMILIES = {
             partial_rotary_factor=1.0,
         ),
     ),
+    "phi3": ("Phi3CausalLM", "Phi3Backbone", dict(**_GQA, max_sequence_length=256)),
+    # LongRoPE ("su"): uneven short factors, and a context longer than the
+    # pretraining one so cos/sin are scaled; test prompts stay within the
+    # pretraining length, where generate() always uses the short factors.
+    "phi3_su": (
+        "Phi3CausalLM",
+        "Phi3Backbone",
+        dict(
+            **_GQA,
+            max_sequence_length=1024,
+            pretraining_sequence_length=128,
+            rope_scaling_type="su",
+            rope_scaling_short_factor=[1.0 + i / 4 for i in range(16)],
+            rope_scaling_long_factor=[2.0 + i for i in range(16)],
+        ),
+    ),
     "gemma": (
         "GemmaCausalLM",
         "GemmaBackbone",
@@ -132,7 +148,7 @@ TINY_FAMILIES = {
     ),
 }
 
-_TOKENIZER_FAMILY = {"gemma2": "gemma"}
+_TOKENIZER_FAMILY = {"gemma2": "gemma", "phi3_su": "phi3"}
 # Gemma3CausalLMPreprocessor asserts TensorFlow is installed (for its image
 # path) even for text; these presets carry their tokenizer alone.
 NEEDS_TENSORFLOW = ("gemma3",)

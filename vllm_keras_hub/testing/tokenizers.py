@@ -147,6 +147,8 @@ _GEMMA3_SYMBOLS = (
     "<end_of_image>",
 )
 
+_PHI3_SYMBOLS = ("<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>")
+
 FAMILIES = (
     "gpt2",
     "opt",
@@ -298,7 +300,7 @@ def make_tokenizer(family):
     """A KerasHub tokenizer of `family` built from the tiny assets.
 
     Args:
-        family: One of `FAMILIES`.
+        family: One of `FAMILIES`, or `"phi3"`.
 
     Returns:
         A `keras_hub.tokenizers.Tokenizer` of the family's own class.
@@ -336,6 +338,14 @@ def make_tokenizer(family):
     if family == "mistral":
         proto = tiny_sentencepiece_proto(layout="llama")
         return keras_hub.tokenizers.MistralTokenizer(proto=proto)
+    if family == "phi3":
+        # Not in FAMILIES (the exportable ones): a dummy prefix with
+        # user-defined pieces cannot be exported exactly, so Phi-3 is served
+        # with KerasHub's own tokenizer.
+        proto = tiny_sentencepiece_proto(
+            layout="llama", user_defined_symbols=_PHI3_SYMBOLS
+        )
+        return keras_hub.tokenizers.Phi3Tokenizer(proto=proto)
     if family == "mixtral":
         proto = tiny_sentencepiece_proto(layout="llama")
         return keras_hub.tokenizers.MixtralTokenizer(proto=proto)
