@@ -19,10 +19,9 @@ template's constant says so. In short:
   the tokenizer class registers as special, plus any `unsplittable_tokens`
   its preset config lists (`hf://` conversions list every added token).
 - SentencePiece tokenizers (Gemma, Llama 2, Mistral, Mixtral, Phi-3) match
-  user-defined pieces of the proto whole, but never control pieces: a
-  `<bos>` or `<s>` written by a template is spelled out as plain text, in
-  KerasHub and in the exported tokenizer alike (which sets
-  `split_special_tokens` to agree with KerasHub).
+  user-defined pieces of the proto whole. Control pieces (`<bos>`, `<s>`)
+  written by a template are read as those tokens by the exported tokenizer
+  (KerasHub's own sentencepiece would spell them out as plain text).
 """
 
 import dataclasses
@@ -56,7 +55,7 @@ class ChatFormat:
 # official templates refuse a system message; Gemma 3's folds it into the
 # first user turn, as Google advises for all three. `<start_of_turn>` and
 # `<end_of_turn>` are user-defined pieces of Gemma's SentencePiece proto, so
-# single tokens; `<bos>` is a control piece, so plain text once rendered.
+# single tokens; `<bos>`, a control piece, is read by the exported tokenizer.
 GEMMA_TEMPLATE = r"""{{- bos_token }}
 {%- if messages[0]['role'] == 'system' %}
     {%- set first_user_prefix = messages[0]['content'] + '\n\n' %}
@@ -92,8 +91,8 @@ LLAMA3_TEMPLATE = r"""{%- for message in messages %}
 {%- endif %}"""
 
 # meta-llama/Llama-2-7b-chat-hf. `[INST]` and `<<SYS>>` are plain text for
-# upstream's tokenizer too; `<s>` and `</s>` are control pieces, so plain
-# text once rendered (upstream's tokenizer matches them).
+# upstream's tokenizer too; `<s>` and `</s>`, control pieces, are read as
+# tokens by the exported tokenizer, as upstream's reads them.
 LLAMA2_TEMPLATE = r"""{%- if messages[0]['role'] == 'system' %}
     {%- set loop_messages = messages[1:] %}
     {%- set system_message = messages[0]['content'] %}

@@ -2,8 +2,8 @@
 
 The folder holds `config.json` (our model type, the real dims vLLM sizes the
 KV cache from, and the preset reference), the preset's tokenizer exported to
-Hugging Face `tokenizers` format, and `generation_config.json` with the
-family's stop ids and the preset's default sampler. Weights are read from the
+Hugging Face `tokenizers` format, its chat template, and
+`generation_config.json` with the stop ids and the preset's default sampler. Weights are read from the
 preset itself by the `keras_hub` load format.
 """
 
@@ -12,6 +12,7 @@ import logging
 import os
 import tempfile
 
+from vllm_keras_hub import chat_templates
 from vllm_keras_hub import config as config_lib
 from vllm_keras_hub import families
 from vllm_keras_hub import sampling
@@ -103,21 +104,52 @@ def model_dims(backbone_config):
     return {key: int(value) for key, value in dims.items()}
 
 
-def stop_token_ids(tokenizer, family):
-    """The ids the preset's `CausalLM.generate()` stops on.
+def weights_dtype(backbone_config):
+    """The dtype a preset's weights were saved in, e.g. `"bfloat16"`.
+
+    Written as `torch_dtype`, from which vLLM's `dtype="auto"` resolves (it
+    serves float32 weights in bfloat16 unless told `dtype="float32"`).
+    """
+    policy = backbone_config.get("dtype") or "float32"
+    if isinstance(policy, dict):
+        policy = policy.get("config", {}).get("name", "float32")
+    return policy.removeprefix("mixed_")
+
+
+def stop_token_ids(tokenizer, stop_tokens):
+    """The ids generation stops on.
 
     `end_token_id`, then `end_token2_id` where the tokenizer has one (Llama3's
-    `<|eot_id|>`), then the family's turn-end tokens that are in the
-    vocabulary (Gemma3's `<end_of_turn>`).
+    `<|eot_id|>`), as `CausalLM.generate()` stops; then those of
+    `stop_tokens` that are in the vocabulary (Gemma3's `<end_of_turn>`, chat
+    formats' turn ends).
     """
     ids = [tokenizer.end_token_id]
     if getattr(tokenizer, "end_token2_id", None) is not None:
         ids.append(tokenizer.end_token2_id)
-    vocabulary = tokenizer.get_vocabulary()
-    for token in family.stop_tokens:
-        if token in vocabulary:
-            ids.append(tokenizer.token_to_id(token))
+    vocabulary = set(tokenizer.get_vocabulary())
+    ids += [tokenizer.token_to_id(token) for token in stop_tokens if token in vocabulary]
     return [int(i) for i in dict.fromkeys(ids) if i is not None]
+
+
+def chat_template_and_stops(preset, family):
+    """The chat template to serve `preset` with, and its turn-end tokens.
+
+    The preset's own template first, else the family's maintained format. A
+    family with no chat format gets a template that refuses chat requests
+    with a message saying how to pass one (vLLM answers it with a 400).
+    """
+    template = chat_templates.preset_chat_template(preset)
+    if template is not None:
+        return template, ()
+    chat_format = chat_templates.chat_format(family.name)
+    if chat_format is not None:
+        return chat_format.template, chat_format.turn_end_tokens
+    message = (
+        f"{family.display_name} presets have no chat format. "
+        f"{chat_templates.NO_CHAT_TEMPLATE_HELP}"
+    )
+    return "{{ raise_exception(%s) }}" % json.dumps(message), ()
 
 
 def adds_start_token(preset, tokenizer):
@@ -156,7 +188,8 @@ def write_model_folder(preset, directory, max_model_len=None):
     dims = model_dims(backbone_config)
     if max_model_len is not None:
         dims["max_position_embeddings"] = int(max_model_len)
-    stop_ids = stop_token_ids(tokenizer, family)
+    chat_template, turn_end_tokens = chat_template_and_stops(preset, family)
+    stop_ids = stop_token_ids(tokenizer, family.stop_tokens + turn_end_tokens)
     model_config = config_lib.KerasHubConfig(
         keras_hub_preset=preset,
         keras_hub_family=family.name,
@@ -164,7 +197,7 @@ def write_model_folder(preset, directory, max_model_len=None):
         eos_token_id=stop_ids[0],
         bos_token_id=tokenizer.start_token_id,
         pad_token_id=getattr(tokenizer, "pad_token_id", None),
-        tie_word_embeddings=False,
+        torch_dtype=weights_dtype(backbone_config),
         **dims,
     )
     model_config.save_pretrained(directory)
@@ -177,6 +210,9 @@ def write_model_folder(preset, directory, max_model_len=None):
     with open(os.path.join(directory, "generation_config.json"), "w") as f:
         json.dump(generation_config, f, indent=2)
 
+    # transformers' tokenizers (so vLLM) read this file beside tokenizer.json.
+    with open(os.path.join(directory, chat_templates.CHAT_TEMPLATE_FILE), "w") as f:
+        f.write(chat_template)
     try:
         tokenizer_export.export_tokenizer(
             tokenizer, directory, add_start_token=adds_start_token(preset, tokenizer)

@@ -71,11 +71,11 @@ def test_learned_positions_cap_the_context(tiny):
     [
         ("llama3", ["<|end_of_text|>", "<|eot_id|>"]),
         ("gemma3", ["<eos>", "<end_of_turn>"]),
-        ("gemma", ["<eos>"]),
+        ("gemma", ["<eos>", "<end_of_turn>"]),  # the chat format's turn end
         ("gpt2", ["<|endoftext|>"]),
     ],
 )
-def test_stop_ids_are_the_ones_generate_stops_on(tiny, family, stop_tokens):
+def test_stop_ids_are_generates_and_the_chat_formats(tiny, family, stop_tokens):
     folder = preset_folder.ModelFolder(tiny(family))
     try:
         tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(tiny(family))
@@ -136,3 +136,25 @@ def test_model_dims_reads_smollm3_attention_heads():
     assert dims["num_attention_heads"] == 4
     assert dims["num_key_value_heads"] == 2
     assert dims["head_dim"] == 32
+
+
+def test_chat_template_is_the_familys_or_a_clear_refusal(tiny):
+    from transformers import AutoTokenizer
+
+    messages = [{"role": "user", "content": "Hi"}]
+    folder = preset_folder.ModelFolder(tiny("gemma"))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder.path)
+        prompt = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        assert prompt == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    finally:
+        folder.cleanup()
+    folder = preset_folder.ModelFolder(tiny("gpt2"))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder.path)
+        with pytest.raises(Exception, match="GPT-2 presets have no chat format.*--chat-template"):
+            tokenizer.apply_chat_template(messages, tokenize=False)
+    finally:
+        folder.cleanup()
