@@ -43,7 +43,9 @@ FAMILIES = (
     Family("llama3", "Llama3", "Llama3Backbone"),
     Family("mistral", "Mistral", "MistralBackbone"),
     Family("qwen", "Qwen 2/2.5", "QwenBackbone"),
-    Family("qwen3", "Qwen3", "Qwen3Backbone"),
+    # Our route, not keras-hub's: keras-hub's passes a sliding window that
+    # Qwen3's `generate()` never applies on torch (see routes._qwen3).
+    Family("qwen3", "Qwen3", "Qwen3Backbone", "vllm_keras_hub"),
     Family("gemma", "Gemma / Gemma2", "GemmaBackbone"),
     Family(
         "gemma3", "Gemma3 (text)", "Gemma3Backbone", stop_tokens=("<end_of_turn>",)

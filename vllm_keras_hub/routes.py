@@ -64,14 +64,16 @@ def _qwen_moe(layer, hidden_states, positions):
     return layer._output_dense(output)
 
 
-def _qwen3_moe(layer, hidden_states, positions):
-    # `Qwen3MoeAttention`: Qwen3's attention, per-head q/k RMSNorm before RoPE.
+def _qwen3(layer, hidden_states, positions):
+    # `Qwen3Attention` and its copy `Qwen3MoeAttention`: per-head q/k RMSNorm
+    # before RoPE. Replaces keras-hub's own Qwen3 route, which passes the
+    # window that `generate()` never applies (below).
     query = layer._query_dense_layer_norm(layer._query_dense(hidden_states))
     query = layer.rotary_embedding_layer(query, positions=positions)
     key = layer._key_dense_layer_norm(layer._key_dense(hidden_states))
     key = layer.rotary_embedding_layer(key, positions=positions)
     value = layer._value_dense(hidden_states)
-    # KerasHub bug: `Qwen3MoeAttention._compute_attention` applies
+    # KerasHub bug: `Qwen3(Moe)Attention._compute_attention` applies
     # `sliding_window_size` only on its non-fused path, and the fused one runs
     # wherever `fused_attention_op_available()` (torch 2.x and JAX), so
     # `generate()` attends to the whole context. Serve what the layer computes
@@ -183,7 +185,8 @@ def _phi3(layer, hidden_states, positions):
 ROUTES = {
     "CachedMixtralAttention": _mixtral,
     "QwenMoeAttention": _qwen_moe,
-    "Qwen3MoeAttention": _qwen3_moe,
+    "Qwen3Attention": _qwen3,
+    "Qwen3MoeAttention": _qwen3,
     "SmolLM3Attention": _smollm3,
     "Phi3Attention": _phi3,
 }
