@@ -51,8 +51,8 @@ def serve(model, vllm_argv):
     vLLM parses `vllm_argv` exactly as `vllm serve` does. Where they are not
     given, this sets `--load-format keras_hub`, the folder's tokenizer mode,
     `--host 127.0.0.1`, `--served-model-name MODEL`, `--enforce-eager`
-    (Keras's `Layer.__call__` does not trace under torch.compile) and, on
-    CPU, a 2 GiB KV cache.
+    (Keras's `Layer.__call__` does not trace under torch.compile), on CPU a
+    2 GiB KV cache, and for the default model `--dtype float32`.
 
     Args:
         model: `keras_hub:<preset>`, a local preset folder, or `None`.
@@ -83,6 +83,10 @@ def serve(model, vllm_argv):
             args.host = DEFAULT_HOST
         if not args.served_model_name:
             args.served_model_name = [served_name]
+        if model is None and "--dtype" not in given:
+            # The default model's own (float32) weights: in bfloat16 this 135M
+            # model's near-tied answers flip ("What is the capital of France?").
+            args.dtype = "float32"
         kv_cache_bytes = default_kv_cache_bytes(
             {"--gpu-memory-utilization", "--kv-cache-memory-bytes"} & given
         )

@@ -1,0 +1,82 @@
+"""`vllm-keras-hub` command: bad models fail fast; `export` serves with plain vLLM."""
+
+import subprocess
+import sys
+
+import openai
+import pytest
+
+from vllm_keras_hub import families
+from vllm_keras_hub.testing.presets import build_tiny_preset
+from vllm_keras_hub.testing.server import free_port
+from vllm_keras_hub.testing.server import running_server
+
+ENGINE_STARTED = "Starting to load model"
+
+
+def run_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_keras_hub.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    "model, cause",
+    [
+        ("keras_hub:/no/such/preset", "Cannot open KerasHub preset '/no/such/preset'"),
+        ("keras_hub:no_such_preset_name", "Unknown preset identifier"),
+        ("/no/such/folder", "neither 'keras_hub:<preset>' nor a local preset folder"),
+    ],
+)
+def test_bad_model_exits_before_the_engine_starts(model, cause):
+    result = run_cli("serve", model, "--port", str(free_port()))
+    assert result.returncode == 2
+    assert cause in result.stderr
+    assert ENGINE_STARTED not in result.stderr + result.stdout
+
+
+def test_unsupported_family_exits_with_the_supported_list(tmp_path):
+    import keras_hub
+
+    keras_hub.models.RWKV7Backbone(
+        hidden_size=64, head_size=32, num_layers=1, vocabulary_size=64, intermediate_dim=64
+    ).save_to_preset(str(tmp_path))
+    result = run_cli("serve", str(tmp_path))
+    assert result.returncode == 2
+    assert "RWKV7" in result.stderr and "recurrent state" in result.stderr
+    assert ", ".join(families.supported_families()) in result.stderr
+    assert ENGINE_STARTED not in result.stderr + result.stdout
+
+
+def test_exported_folder_serves_with_plain_vllm(tmp_path):
+    preset = build_tiny_preset("gpt2", str(tmp_path / "preset"))
+    folder = str(tmp_path / "folder")
+    result = run_cli("export", f"keras_hub:{preset}", folder)
+    assert result.returncode == 0, result.stderr
+    assert "--load-format keras_hub" in result.stdout
+
+    port = free_port()
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", folder, "--load-format", "keras_hub", "--enforce-eager",
+        "--port", str(port), "--kv-cache-memory-bytes", str(1 << 30),
+        "--max-model-len", "128",
+    ]  # fmt: skip
+    with running_server(command, port) as (base_url, _):
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0)
+        completion = client.completions.create(
+            model=folder, prompt="Hello", max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+        )
+        assert completion.usage.completion_tokens == 5
+        # GPT-2 has no chat format: a clear 400 saying how to pass one.
+        with pytest.raises(openai.BadRequestError, match="--chat-template"):
+            client.chat.completions.create(
+                model=folder, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+            )
+        again = client.completions.create(
+            model=folder, prompt="Hello", max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+        )
+        assert again.choices[0].text == completion.choices[0].text
