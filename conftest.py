@@ -5,3 +5,13 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 # A small fixed KV cache for every test engine (GiB of RAM on CPU), so engines
 # fit side by side on a 24 GiB machine.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def pytest_sessionfinish(session):
+    """Writes the support matrix the parity tests filled in, if they ran."""
+    from vllm_keras_hub.testing import support_matrix
+
+    if support_matrix.RESULTS:
+        os.makedirs("reports", exist_ok=True)
+        with open(os.path.join("reports", "support_matrix.md"), "w") as f:
+            f.write(support_matrix.render())

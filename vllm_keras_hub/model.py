@@ -40,6 +40,8 @@ class AttentionSpec:
         scale: Softmax scale.
         sliding_window: Tokens each query sees, itself included, or `None`.
         soft_cap: Attention-logit soft cap, or `None`.
+        alibi_slopes: Per-query-head ALiBi slopes, added after the softmax
+            scale as `slope * (key_position - query_position)`, or `None`.
     """
 
     num_heads: int
@@ -48,6 +50,7 @@ class AttentionSpec:
     scale: float
     sliding_window: int | None
     soft_cap: float | None
+    alibi_slopes: tuple[float, ...] | None = None
 
 
 def _routing_attention_layer():
@@ -150,11 +153,15 @@ class KerasHubForCausalLM(nn.Module):
                     cache_config=self.vllm_config.cache_config,
                     logits_soft_cap=spec.soft_cap,
                     per_layer_sliding_window=spec.sliding_window,
+                    alibi_slopes=(
+                        None if spec.alibi_slopes is None else list(spec.alibi_slopes)
+                    ),
                     prefix=f"{self.prefix}attention.{index}",
                 )
                 for index, spec in enumerate(specs)
             )
         self.backbone = backbone
+        self.attention_specs = specs
         self._route_layers = route_layers
         self._dtype = self.vllm_config.model_config.dtype
 
@@ -179,6 +186,7 @@ class KerasHubForCausalLM(nn.Module):
             num_kv_heads,
             sliding_window=None,
             soft_cap=None,
+            alibi_slopes=None,
         ):
             callers.append(_routing_attention_layer())
             specs.append(
@@ -189,6 +197,11 @@ class KerasHubForCausalLM(nn.Module):
                     scale=float(scale),
                     sliding_window=int(sliding_window) if sliding_window else None,
                     soft_cap=float(soft_cap) if soft_cap else None,
+                    alibi_slopes=(
+                        None
+                        if alibi_slopes is None
+                        else tuple(float(slope) for slope in alibi_slopes)
+                    ),
                 )
             )
             return cache, torch.zeros_like(query)

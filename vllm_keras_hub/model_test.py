@@ -8,7 +8,9 @@ engine, scheduler, paged KV cache and CPU attention kernel.
 import pytest
 from vllm import SamplingParams
 
+from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.engines import in_process_llm
+from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing.oracle import keras_hub_greedy
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import WINDOW
@@ -59,11 +61,28 @@ def references(presets):
     return get
 
 
-def assert_same_tokens(outputs, expected, family):
+def assert_same_tokens(outputs, expected, family, column):
+    """Asserts token equality, recording the outcome in the support matrix."""
+    backbone = TINY_FAMILIES[family][1]
+    support_matrix.record(family, backbone, **{column: "FAIL"})
     assert len(outputs) == len(expected)
     for prompt, output, (prompt_ids, generated_ids) in zip(PROMPTS, outputs, expected):
         assert output.prompt_token_ids == prompt_ids, (family, prompt)
         assert list(output.outputs[0].token_ids) == generated_ids, (family, prompt)
+    support_matrix.record(family, backbone, **{column: "pass"})
+
+
+def record_features(family, model):
+    """Records the attention features the served model actually used."""
+    specs = model.attention_specs
+    support_matrix.record(
+        family,
+        TINY_FAMILIES[family][1],
+        window=any(spec.sliding_window for spec in specs),
+        soft_cap=any(spec.soft_cap for spec in specs),
+        sinks=any(getattr(spec, "sinks", None) is not None for spec in specs),
+        moe="num_experts" in model.backbone.get_config(),
+    )
 
 
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
@@ -73,7 +92,8 @@ def test_greedy_parity_batched(family, presets, references):
     assert max(len(ids) for ids, _ in expected) > WINDOW
     with in_process_llm(f"keras_hub:{presets(family)}") as llm:
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    assert_same_tokens(outputs, expected, family)
+        record_features(family, served_model(llm))
+    assert_same_tokens(outputs, expected, family, "batched")
 
 
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
@@ -88,4 +108,4 @@ def test_greedy_parity_chunked_prefill(family, presets, references):
         enable_chunked_prefill=True,
     ) as llm:
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    assert_same_tokens(outputs, expected, family)
+    assert_same_tokens(outputs, expected, family, "chunked")

@@ -1,0 +1,53 @@
+"""The supported-family matrix, filled in by the parity tests as they run.
+
+`model_test.py` records each tiny preset's parity results and the attention
+features its served model used; `conftest.py` writes the table to
+`reports/support_matrix.md` when the session ends, and
+`scripts/update-support-matrix` copies it into the README.
+"""
+
+from vllm_keras_hub import chat_templates
+from vllm_keras_hub import families
+
+RESULTS = {}
+COLUMNS = ("batched", "chunked", "window", "soft_cap", "sinks", "moe")
+
+
+def record(preset_name, backbone, **values):
+    """Records results for one tiny preset, e.g. `batched="pass"`."""
+    RESULTS.setdefault(preset_name, {"backbone": backbone}).update(values)
+
+
+def _mark(value):
+    if value is True:
+        return "yes"
+    if value in (False, None):
+        return ""
+    return str(value)
+
+
+def render():
+    """The matrix as Markdown: tested presets, then families without a route."""
+    lines = [
+        "| family | test preset | route | greedy parity, batched | greedy parity, "
+        "chunked prefill | sliding window | soft cap | sinks | MoE | chat format |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    tested = set()
+    for name, result in sorted(RESULTS.items()):
+        family = families.family_for_backbone(result["backbone"])
+        tested.add(family.name)
+        route = {"keras_hub": "keras-hub's", "vllm_keras_hub": "ours"}[family.route]
+        chat = "yes" if chat_templates.chat_format(family.name) else "none (400)"
+        cells = [family.display_name, name, route]
+        cells += [_mark(result.get(column)) for column in COLUMNS]
+        lines.append("| " + " | ".join(cells + [chat]) + " |")
+    for family in families.FAMILIES:
+        if family.route is None:
+            lines.append(
+                f"| {family.display_name} | | refused: {family.unsupported_reason} "
+                "| | | | | | | |"
+            )
+        elif family.name not in tested:
+            lines.append(f"| {family.display_name} | | not tested in this run | | | | | | | |")
+    return "\n".join(lines) + "\n"
