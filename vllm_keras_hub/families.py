@@ -63,7 +63,7 @@ FAMILIES = (
         (),
         "its attention layer has no route and KerasHub's cached decode is wrong",
     ),
-    Family("bloom", "Bloom", "BloomBackbone", None, (), _NO_ROUTE + " (ALiBi)"),
+    Family("bloom", "Bloom", "BloomBackbone", "vllm_keras_hub"),
     Family("falcon", "Falcon", "FalconBackbone", None, (), _NO_ROUTE + " (ALiBi)"),
     Family("gpt_oss", "GPT-OSS", "GptOssBackbone", None, (), _NO_ROUTE + " (sinks)"),
     Family(

@@ -12,6 +12,7 @@ layer's own output projection. Only the instances of one loaded backbone get
 a route; keras-hub's classes are never modified.
 """
 
+import functools
 import types
 
 from keras import ops
@@ -19,6 +20,23 @@ from keras_hub.src.models.smollm3.smollm3_utils import apply_rotary_pos_emb
 from keras_hub.src.utils.keras_utils import fused_attention_op_available
 from keras_hub.src.vllm.attention import vllm_paged_attention
 from keras_hub.src.vllm.context import get_vllm_context
+
+
+def _paged_attention(query, key, value, scale, **options):
+    """keras-hub's `vllm_paged_attention`, with options it does not forward.
+
+    The bridge hands `paged_attention_func` only `sliding_window` and
+    `soft_cap`. For this one call, `options` (e.g. `alibi_slopes`) are bound
+    onto the context's function, so the bridge's own cache bookkeeping and
+    reshapes stay the only ones.
+    """
+    context = get_vllm_context()
+    paged_attention_func = context.paged_attention_func
+    context.paged_attention_func = functools.partial(paged_attention_func, **options)
+    try:
+        return vllm_paged_attention(query, key, value, scale)
+    finally:
+        context.paged_attention_func = paged_attention_func
 
 
 def _mixtral(layer, hidden_states, positions):
@@ -180,6 +198,27 @@ def _phi3(layer, hidden_states, positions):
     return layer.output_dense(output)
 
 
+def _bloom(layer, hidden_states, positions):
+    # `BloomAttention`: MHA with biases and ALiBi. Its `AlibiBias` adds
+    # `slope * (key_position - last_key_position)` to the scaled scores, which
+    # softmax sees exactly as vLLM's `slope * (key_position - query_position)`
+    # (a constant per query row); slopes are in head order.
+    output = _paged_attention(
+        layer._query_dense(hidden_states),
+        layer._key_dense(hidden_states),
+        layer._value_dense(hidden_states),
+        layer.inv_norm_factor,
+        alibi_slopes=layer._vllm_alibi_slopes,
+    )
+    num_tokens = ops.shape(hidden_states)[0]
+    output = ops.reshape(output, (num_tokens, 1, layer.num_heads * layer.head_dim))
+    return layer._output_dense(output)
+
+
+def _bloom_alibi_slopes(transformer_layer, layer):
+    return layer._alibi_layer._get_slopes(layer.num_heads)
+
+
 # Attention-layer class name -> the family route computing its output from
 # `(layer, hidden_states, positions)`, positions shaped `(num_tokens, 1)`.
 ROUTES = {
@@ -189,6 +228,14 @@ ROUTES = {
     "Qwen3MoeAttention": _qwen3,
     "SmolLM3Attention": _smollm3,
     "Phi3Attention": _phi3,
+    "BloomAttention": _bloom,
+}
+
+# Attention-layer class name -> its ALiBi slopes, as vLLM adds them (after the
+# softmax scale), from `(transformer_layer, attention_layer)`. Read once at
+# install into the layer's `_vllm_alibi_slopes`.
+ALIBI_SLOPES = {
+    "BloomAttention": _bloom_alibi_slopes,
 }
 
 
@@ -255,6 +302,11 @@ def install(backbone, family):
         raise ValueError(f"{family.display_name} has no route to install.")
     for transformer_layer in backbone.transformer_layers:
         layer = _attention_layer(transformer_layer)
+        alibi_slopes = ALIBI_SLOPES.get(type(layer).__name__)
+        if alibi_slopes is not None:
+            layer._vllm_alibi_slopes = tuple(
+                float(slope) for slope in alibi_slopes(transformer_layer, layer)
+            )
         layer._compute_vllm_attention = types.MethodType(
             _compute_vllm_attention, layer
         )

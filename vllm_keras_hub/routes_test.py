@@ -46,6 +46,7 @@ def reference_attention(
     num_kv_heads,
     sliding_window=None,
     soft_cap=None,
+    alibi_slopes=None,
 ):
     """Causal attention over one sequence, as vLLM's kernel computes it."""
     num_tokens = query.shape[0]
@@ -60,6 +61,9 @@ def reference_attention(
         scores = soft_cap * torch.tanh(scores / soft_cap)
     i = torch.arange(num_tokens)[:, None]
     j = torch.arange(num_tokens)[None, :]
+    if alibi_slopes is not None:
+        slopes = torch.tensor(alibi_slopes, dtype=scores.dtype)[:, None, None]
+        scores = scores + slopes * (j - i)
     visible = j <= i
     if sliding_window:
         visible &= j > i - sliding_window

@@ -146,6 +146,13 @@ TINY_FAMILIES = {
             global_rope_scaling_factor=8.0,
         ),
     ),
+    # ALiBi; 6 heads, not a power of 2, so the slopes interleave two
+    # geometric sequences.
+    "bloom": (
+        "BloomCausalLM",
+        "BloomBackbone",
+        dict(num_heads=6, hidden_dim=192, max_sequence_length=256),
+    ),
 }
 
 _TOKENIZER_FAMILY = {"gemma2": "gemma", "phi3_su": "phi3"}

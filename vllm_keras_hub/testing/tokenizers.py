@@ -104,6 +104,7 @@ _BPE_SPECIAL_TOKENS = {
     "qwen3": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
     "qwen_moe": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
     "qwen3_moe": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+    "bloom": ("<s>", "</s>", "<pad>"),
     "smollm3": (
         "<|begin_of_text|>",
         "<|end_of_text|>",
@@ -163,6 +164,7 @@ FAMILIES = (
     "qwen_moe",
     "qwen3_moe",
     "smollm3",
+    "bloom",
 )
 
 
@@ -316,6 +318,7 @@ def make_tokenizer(family):
         "qwen_moe": keras_hub.tokenizers.QwenMoeTokenizer,
         "qwen3_moe": keras_hub.tokenizers.Qwen3MoeTokenizer,
         "smollm3": keras_hub.tokenizers.SmolLM3Tokenizer,
+        "bloom": keras_hub.tokenizers.BloomTokenizer,
     }
     if family in bpe_classes:
         vocabulary, merges = tiny_bpe_vocabulary_and_merges(
