@@ -64,7 +64,7 @@ FAMILIES = (
         "its attention layer has no route and KerasHub's cached decode is wrong",
     ),
     Family("bloom", "Bloom", "BloomBackbone", "vllm_keras_hub"),
-    Family("falcon", "Falcon", "FalconBackbone", None, (), _NO_ROUTE + " (ALiBi)"),
+    Family("falcon", "Falcon", "FalconBackbone", "vllm_keras_hub"),
     Family("gpt_oss", "GPT-OSS", "GptOssBackbone", None, (), _NO_ROUTE + " (sinks)"),
     Family(
         "gemma3n",

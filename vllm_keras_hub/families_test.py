@@ -20,6 +20,7 @@ def test_routed_families_are_keras_hub_routes_and_ours():
         "SmolLM3",
         "Phi-3",
         "Bloom",
+        "Falcon",
     ]
 
 

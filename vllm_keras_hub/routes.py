@@ -219,6 +219,28 @@ def _bloom_alibi_slopes(transformer_layer, layer):
     return layer._alibi_layer._get_slopes(layer.num_heads)
 
 
+def _falcon(layer, hidden_states, positions):
+    # `FalconAttention` (RW-1B): MHA with biases; the ALiBi bias comes from
+    # its decoder (`slope * key_position`), added before the softmax scale.
+    output = _paged_attention(
+        layer.query_dense(hidden_states),
+        layer.key_dense(hidden_states),
+        layer.value_dense(hidden_states),
+        layer.inv_norm_factor,
+        alibi_slopes=layer._vllm_alibi_slopes,
+    )
+    num_tokens = ops.shape(hidden_states)[0]
+    output = ops.reshape(output, (num_tokens, 1, layer.num_heads * layer.head_dim))
+    return layer.output_dense(output)
+
+
+def _falcon_alibi_slopes(transformer_layer, layer):
+    # `FalconTransformerDecoder._build_alibi_tensor`'s slopes; the bias is
+    # added before the scale, so vLLM (which adds it after) gets them scaled.
+    slopes = transformer_layer._get_slopes(layer.num_heads)
+    return [slope * layer.inv_norm_factor for slope in slopes]
+
+
 # Attention-layer class name -> the family route computing its output from
 # `(layer, hidden_states, positions)`, positions shaped `(num_tokens, 1)`.
 ROUTES = {
@@ -229,6 +251,7 @@ ROUTES = {
     "SmolLM3Attention": _smollm3,
     "Phi3Attention": _phi3,
     "BloomAttention": _bloom,
+    "FalconAttention": _falcon,
 }
 
 # Attention-layer class name -> its ALiBi slopes, as vLLM adds them (after the
@@ -236,6 +259,7 @@ ROUTES = {
 # install into the layer's `_vllm_alibi_slopes`.
 ALIBI_SLOPES = {
     "BloomAttention": _bloom_alibi_slopes,
+    "FalconAttention": _falcon_alibi_slopes,
 }
 
 

@@ -153,6 +153,12 @@ TINY_FAMILIES = {
         "BloomBackbone",
         dict(num_heads=6, hidden_dim=192, max_sequence_length=256),
     ),
+    # RW-1B style: ALiBi built in the decoder, added before the scale.
+    "falcon": (
+        "FalconCausalLM",
+        "FalconBackbone",
+        dict(num_attention_heads=6, hidden_dim=192),
+    ),
 }
 
 _TOKENIZER_FAMILY = {"gemma2": "gemma", "phi3_su": "phi3"}

@@ -105,6 +105,7 @@ _BPE_SPECIAL_TOKENS = {
     "qwen_moe": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
     "qwen3_moe": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
     "bloom": ("<s>", "</s>", "<pad>"),
+    "falcon": ("<|endoftext|>",),
     "smollm3": (
         "<|begin_of_text|>",
         "<|end_of_text|>",
@@ -165,6 +166,7 @@ FAMILIES = (
     "qwen3_moe",
     "smollm3",
     "bloom",
+    "falcon",
 )
 
 
@@ -319,6 +321,7 @@ def make_tokenizer(family):
         "qwen3_moe": keras_hub.tokenizers.Qwen3MoeTokenizer,
         "smollm3": keras_hub.tokenizers.SmolLM3Tokenizer,
         "bloom": keras_hub.tokenizers.BloomTokenizer,
+        "falcon": keras_hub.tokenizers.FalconTokenizer,
     }
     if family in bpe_classes:
         vocabulary, merges = tiny_bpe_vocabulary_and_merges(
