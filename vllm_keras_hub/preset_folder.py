@@ -132,19 +132,31 @@ def stop_token_ids(tokenizer, stop_tokens):
     return [int(i) for i in dict.fromkeys(ids) if i is not None]
 
 
+# vLLM passes any role through to the template, and most templates render an
+# unknown one as if it were valid; refuse it instead (vLLM answers a 400).
+ROLE_GUARD = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] not in ['system', 'developer', 'user', 'assistant', 'tool'] %}"
+    "{{- raise_exception('Unknown role ' ~ message['role'] ~ ': roles are system, "
+    "developer, user, assistant and tool.') }}"
+    "{%- endif %}{%- endfor %}"
+)
+
+
 def chat_template_and_stops(preset, family):
     """The chat template to serve `preset` with, and its turn-end tokens.
 
-    The preset's own template first, else the family's maintained format. A
-    family with no chat format gets a template that refuses chat requests
-    with a message saying how to pass one (vLLM answers it with a 400).
+    The preset's own template first, else the family's maintained format,
+    either behind a guard that refuses unknown roles. A family with no chat
+    format gets a template that refuses chat requests with a message saying
+    how to pass one (vLLM answers it with a 400).
     """
     template = chat_templates.preset_chat_template(preset)
     if template is not None:
-        return template, ()
+        return ROLE_GUARD + template, ()
     chat_format = chat_templates.chat_format(family.name)
     if chat_format is not None:
-        return chat_format.template, chat_format.turn_end_tokens
+        return ROLE_GUARD + chat_format.template, chat_format.turn_end_tokens
     message = (
         f"{family.display_name} presets have no chat format. "
         f"{chat_templates.NO_CHAT_TEMPLATE_HELP}"

@@ -149,6 +149,10 @@ def test_chat_template_is_the_familys_or_a_clear_refusal(tiny):
             messages, tokenize=False, add_generation_prompt=True
         )
         assert prompt == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+        with pytest.raises(Exception, match="Unknown role wizard"):
+            tokenizer.apply_chat_template(
+                [{"role": "wizard", "content": "Hi"}], tokenize=False
+            )
     finally:
         folder.cleanup()
     folder = preset_folder.ModelFolder(tiny("gpt2"))
