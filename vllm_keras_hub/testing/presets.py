@@ -161,6 +161,13 @@ TINY_FAMILIES = {
     ),
 }
 
+# Families with tied embeddings and small-init layers: with the embeddings
+# scaled by `logit_scale`, the residual stream only echoes the input token and
+# greedy repeats the last prompt token, which tests nothing of attention.
+# Their transformer layers' kernels (weights of rank 2 and up) are scaled by
+# this factor, so the context decides the tokens.
+_LAYER_KERNEL_SCALE = {"bloom": 4.0, "falcon": 4.0}
+
 _TOKENIZER_FAMILY = {"gemma2": "gemma", "phi3_su": "phi3"}
 # Gemma3CausalLMPreprocessor asserts TensorFlow is installed (for its image
 # path) even for text; these presets carry their tokenizer alone.
@@ -190,6 +197,11 @@ def build_tiny_preset(family, directory, seed=0, logit_scale=20.0):
     )
     for variable in backbone.token_embedding.weights:
         variable.assign(variable * logit_scale)
+    if family in _LAYER_KERNEL_SCALE:
+        for layer in backbone.transformer_layers:
+            for variable in layer.weights:
+                if len(variable.shape) >= 2:
+                    variable.assign(variable * _LAYER_KERNEL_SCALE[family])
     causal_lm_cls = getattr(keras_hub.models, causal_lm_name)
     preprocessor = None
     if family not in NEEDS_TENSORFLOW:
