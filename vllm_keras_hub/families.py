@@ -55,14 +55,9 @@ FAMILIES = (
     Family("qwen3_moe", "Qwen3-MoE", "Qwen3MoeBackbone", "vllm_keras_hub"),
     Family("smollm3", "SmolLM3", "SmolLM3Backbone", "vllm_keras_hub"),
     Family("phi3", "Phi-3", "Phi3Backbone", "vllm_keras_hub", ("<|end|>",)),
-    Family(
-        "gpt_neox",
-        "GPT-NeoX",
-        "GPTNeoXBackbone",
-        None,
-        (),
-        "its attention layer has no route and KerasHub's cached decode is wrong",
-    ),
+    # Served as the model's forward computes it; KerasHub's own cached
+    # decode rotates the query at position 0 (see routes._gpt_neox).
+    Family("gpt_neox", "GPT-NeoX", "GPTNeoXBackbone", "vllm_keras_hub"),
     Family("bloom", "Bloom", "BloomBackbone", "vllm_keras_hub"),
     Family("falcon", "Falcon", "FalconBackbone", "vllm_keras_hub"),
     Family("gpt_oss", "GPT-OSS", "GptOssBackbone", None, (), _NO_ROUTE + " (sinks)"),

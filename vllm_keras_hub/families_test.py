@@ -19,6 +19,7 @@ def test_routed_families_are_keras_hub_routes_and_ours():
         "Qwen3-MoE",
         "SmolLM3",
         "Phi-3",
+        "GPT-NeoX",
         "Bloom",
         "Falcon",
     ]

@@ -241,6 +241,32 @@ def _falcon_alibi_slopes(transformer_layer, layer):
     return [slope * layer.inv_norm_factor for slope in slopes]
 
 
+def _gpt_neox(layer, hidden_states, positions):
+    # `GPTNeoXAttention`: fused per-head q/k/v projection, RoPE on the first
+    # `rotary_dim` features of each head only. Here the query is rotated at
+    # its own position; KerasHub's cached decode (what `generate()` runs)
+    # rotates it at position 0, a KerasHub bug, so serving matches the
+    # layer's full-sequence forward instead (see `model_test.py`).
+    query_key_value = layer._qkv_dense(hidden_states)
+    size = layer.attn_head_size
+    query = query_key_value[..., :size]
+    key = query_key_value[..., size : 2 * size]
+    value = query_key_value[..., 2 * size :]
+
+    def rotate(x):
+        rotated = layer.rotary_embedding_layer(
+            x[..., : layer.rotary_dim], positions=positions
+        )
+        return ops.concatenate((rotated, x[..., layer.rotary_dim :]), axis=-1)
+
+    output = vllm_paged_attention(
+        rotate(query), rotate(key), value, layer._inv_norm_factor
+    )
+    num_tokens = ops.shape(hidden_states)[0]
+    output = ops.reshape(output, (num_tokens, 1, layer.hidden_dim))
+    return layer._output_dense(output)
+
+
 # Attention-layer class name -> the family route computing its output from
 # `(layer, hidden_states, positions)`, positions shaped `(num_tokens, 1)`.
 ROUTES = {
@@ -252,7 +278,12 @@ ROUTES = {
     "Phi3Attention": _phi3,
     "BloomAttention": _bloom,
     "FalconAttention": _falcon,
+    "GPTNeoXAttention": _gpt_neox,
 }
+
+# Attention-layer classes whose `call` returns `(output, cache)` even when the
+# cache is `None`, as their decoders unpack it.
+RETURNS_CACHE_ALWAYS = ("GPTNeoXAttention",)
 
 # Attention-layer class name -> its ALiBi slopes, as vLLM adds them (after the
 # softmax scale), from `(transformer_layer, attention_layer)`. Read once at
@@ -270,8 +301,9 @@ def _compute_vllm_attention(self, hidden_states, cache, vllm_context):
     layer as `self` of the `_compute_vllm_attention` frame.
     """
     positions = ops.reshape(vllm_context.positions, (-1, 1))
-    output = ROUTES[type(self).__name__](self, hidden_states, positions)
-    if cache is not None:
+    name = type(self).__name__
+    output = ROUTES[name](self, hidden_states, positions)
+    if cache is not None or name in RETURNS_CACHE_ALWAYS:
         return output, cache
     return output
 

@@ -73,3 +73,37 @@ def keras_hub_greedy(preset, prompts, max_new_tokens, dtype="float32"):
             )
         )
     return results
+
+
+def keras_hub_greedy_full_forward(preset, prompts, max_new_tokens, dtype="float32"):
+    """Greedy tokens from the preset's full-sequence forward, with no cache.
+
+    Each step runs the whole `CausalLM` on the prompt plus the tokens so far
+    and takes the argmax at the last position: what `generate()` would give
+    if its cached decode equalled the model's forward. For families whose
+    cached decode is wrong in KerasHub (GPT-NeoX), this is the oracle.
+    Arguments and return value as `keras_hub_greedy`.
+    """
+    import torch
+
+    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
+    packed = _pack(preset, prompts, max(len(tokenizer(p)) for p in prompts) + 1)
+    causal_lm = keras_hub.models.CausalLM.from_preset(
+        preset, dtype=dtype, preprocessor=None
+    )
+    prompt_mask = keras.ops.convert_to_numpy(packed["padding_mask"])
+    prompt_ids = keras.ops.convert_to_numpy(packed["token_ids"])
+    results = []
+    for row in range(len(prompts)):
+        ids = prompt_ids[row, : int(np.sum(prompt_mask[row]))].tolist()
+        generated = []
+        for _ in range(max_new_tokens):
+            token_ids = np.array([ids + generated], "int32")
+            with torch.inference_mode():
+                logits = causal_lm(
+                    {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)},
+                    training=False,
+                )
+            generated.append(int(np.argmax(keras.ops.convert_to_numpy(logits)[0, -1])))
+        results.append((ids, generated))
+    return results

@@ -159,6 +159,12 @@ TINY_FAMILIES = {
         "FalconBackbone",
         dict(num_attention_heads=6, hidden_dim=192),
     ),
+    # Partial RoPE: 25% of each 32-wide head (8 features) rotated.
+    "gpt_neox": (
+        "GPTNeoXCausalLM",
+        "GPTNeoXBackbone",
+        dict(num_heads=4, rotary_percentage=0.25, max_sequence_length=256),
+    ),
 }
 
 # Families with tied embeddings and small-init layers: with the embeddings
@@ -166,7 +172,7 @@ TINY_FAMILIES = {
 # greedy repeats the last prompt token, which tests nothing of attention.
 # Their transformer layers' kernels (weights of rank 2 and up) are scaled by
 # this factor, so the context decides the tokens.
-_LAYER_KERNEL_SCALE = {"bloom": 4.0, "falcon": 4.0}
+_LAYER_KERNEL_SCALE = {"bloom": 4.0, "falcon": 4.0, "gpt_neox": 8.0}
 
 _TOKENIZER_FAMILY = {"gemma2": "gemma", "phi3_su": "phi3"}
 # Gemma3CausalLMPreprocessor asserts TensorFlow is installed (for its image

@@ -106,6 +106,7 @@ _BPE_SPECIAL_TOKENS = {
     "qwen3_moe": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
     "bloom": ("<s>", "</s>", "<pad>"),
     "falcon": ("<|endoftext|>",),
+    "gpt_neox": ("<|endoftext|>",),
     "smollm3": (
         "<|begin_of_text|>",
         "<|end_of_text|>",
@@ -167,6 +168,7 @@ FAMILIES = (
     "smollm3",
     "bloom",
     "falcon",
+    "gpt_neox",
 )
 
 
@@ -322,6 +324,7 @@ def make_tokenizer(family):
         "smollm3": keras_hub.tokenizers.SmolLM3Tokenizer,
         "bloom": keras_hub.tokenizers.BloomTokenizer,
         "falcon": keras_hub.tokenizers.FalconTokenizer,
+        "gpt_neox": keras_hub.tokenizers.GPTNeoXTokenizer,
     }
     if family in bpe_classes:
         vocabulary, merges = tiny_bpe_vocabulary_and_merges(
