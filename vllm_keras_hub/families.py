@@ -60,7 +60,7 @@ FAMILIES = (
     Family("gpt_neox", "GPT-NeoX", "GPTNeoXBackbone", "vllm_keras_hub"),
     Family("bloom", "Bloom", "BloomBackbone", "vllm_keras_hub"),
     Family("falcon", "Falcon", "FalconBackbone", "vllm_keras_hub"),
-    Family("gpt_oss", "GPT-OSS", "GptOssBackbone", None, (), _NO_ROUTE + " (sinks)"),
+    Family("gpt_oss", "GPT-OSS", "GptOssBackbone", "vllm_keras_hub"),
     Family(
         "gemma3n",
         "Gemma3n",

@@ -22,6 +22,7 @@ def test_routed_families_are_keras_hub_routes_and_ours():
         "GPT-NeoX",
         "Bloom",
         "Falcon",
+        "GPT-OSS",
     ]
 
 

@@ -42,6 +42,8 @@ class AttentionSpec:
         soft_cap: Attention-logit soft cap, or `None`.
         alibi_slopes: Per-query-head ALiBi slopes, added after the softmax
             scale as `slope * (key_position - query_position)`, or `None`.
+        sinks: Per-query-head learned attention-sink logits, each an extra
+            softmax column with no value (GPT-OSS), or `None`.
     """
 
     num_heads: int
@@ -51,6 +53,7 @@ class AttentionSpec:
     sliding_window: int | None
     soft_cap: float | None
     alibi_slopes: tuple[float, ...] | None = None
+    sinks: tuple[float, ...] | None = None
 
 
 def _routing_attention_layer():
@@ -157,6 +160,12 @@ class KerasHubForCausalLM(nn.Module):
                         None if spec.alibi_slopes is None else list(spec.alibi_slopes)
                     ),
                     prefix=f"{self.prefix}attention.{index}",
+                    # Only where used: not every backend's impl takes `sinks`.
+                    **(
+                        {}
+                        if spec.sinks is None
+                        else {"sinks": torch.tensor(spec.sinks, dtype=torch.float32)}
+                    ),
                 )
                 for index, spec in enumerate(specs)
             )
@@ -187,6 +196,7 @@ class KerasHubForCausalLM(nn.Module):
             sliding_window=None,
             soft_cap=None,
             alibi_slopes=None,
+            sinks=None,
         ):
             callers.append(_routing_attention_layer())
             specs.append(
@@ -201,6 +211,11 @@ class KerasHubForCausalLM(nn.Module):
                         None
                         if alibi_slopes is None
                         else tuple(float(slope) for slope in alibi_slopes)
+                    ),
+                    sinks=(
+                        None
+                        if sinks is None
+                        else tuple(torch.as_tensor(sinks).float().flatten().tolist())
                     ),
                 )
             )

@@ -22,19 +22,28 @@ from keras_hub.src.vllm.attention import vllm_paged_attention
 from keras_hub.src.vllm.context import get_vllm_context
 
 
-def _paged_attention(query, key, value, scale, **options):
+def _paged_attention(
+    query, key, value, scale, num_kv_heads=None, sliding_window=None, **options
+):
     """keras-hub's `vllm_paged_attention`, with options it does not forward.
 
     The bridge hands `paged_attention_func` only `sliding_window` and
-    `soft_cap`. For this one call, `options` (e.g. `alibi_slopes`) are bound
-    onto the context's function, so the bridge's own cache bookkeeping and
-    reshapes stay the only ones.
+    `soft_cap`. For this one call, `options` (e.g. `alibi_slopes`, `sinks`)
+    are bound onto the context's function, so the bridge's own cache
+    bookkeeping and reshapes stay the only ones.
     """
     context = get_vllm_context()
     paged_attention_func = context.paged_attention_func
     context.paged_attention_func = functools.partial(paged_attention_func, **options)
     try:
-        return vllm_paged_attention(query, key, value, scale)
+        return vllm_paged_attention(
+            query,
+            key,
+            value,
+            scale,
+            num_kv_heads=num_kv_heads,
+            sliding_window=sliding_window,
+        )
     finally:
         context.paged_attention_func = paged_attention_func
 
@@ -267,6 +276,34 @@ def _gpt_neox(layer, hidden_states, positions):
     return layer._output_dense(output)
 
 
+def _gpt_oss(layer, hidden_states, positions):
+    # `GptOssAttention`: GQA with biases, YaRN RoPE on the first `_rotary_dim`
+    # features, learned sinks, a sliding window on odd layers.
+    def rotate(x):
+        if layer._rotary_dim < layer._head_dim:
+            rotated = layer.rotary_embedding_layer(
+                x[..., : layer._rotary_dim], positions=positions
+            )
+            return ops.concatenate((rotated, x[..., layer._rotary_dim :]), axis=-1)
+        return layer.rotary_embedding_layer(x, positions=positions)
+
+    # KerasHub's window keeps keys with `key_position >= query_position -
+    # sliding_window`: `sliding_window + 1` tokens, query included (HF's GPT-OSS
+    # keeps `sliding_window`, and windows the even layers where KerasHub
+    # windows the odd ones). Served as KerasHub computes it.
+    sliding_window = layer.sliding_window + 1 if layer.sliding_window else None
+    output = _paged_attention(
+        rotate(layer.query_dense(hidden_states)),
+        rotate(layer.key_dense(hidden_states)),
+        layer.value_dense(hidden_states),
+        layer._inv_norm_factor,
+        num_kv_heads=layer.num_key_value_heads,
+        sliding_window=sliding_window,
+        sinks=ops.convert_to_tensor(layer.sinks),
+    )
+    return layer.output_dense(output)
+
+
 # Attention-layer class name -> the family route computing its output from
 # `(layer, hidden_states, positions)`, positions shaped `(num_tokens, 1)`.
 ROUTES = {
@@ -279,6 +316,7 @@ ROUTES = {
     "BloomAttention": _bloom,
     "FalconAttention": _falcon,
     "GPTNeoXAttention": _gpt_neox,
+    "GptOssAttention": _gpt_oss,
 }
 
 # Attention-layer classes whose `call` returns `(output, cache)` even when the

@@ -47,6 +47,7 @@ def reference_attention(
     sliding_window=None,
     soft_cap=None,
     alibi_slopes=None,
+    sinks=None,
 ):
     """Causal attention over one sequence, as vLLM's kernel computes it."""
     num_tokens = query.shape[0]
@@ -68,7 +69,12 @@ def reference_attention(
     if sliding_window:
         visible &= j > i - sliding_window
     scores = scores.masked_fill(~visible, float("-inf"))
-    output = torch.einsum("hqk,khd->qhd", scores.softmax(-1), value)
+    if sinks is not None:
+        # One more softmax column per head, with no value.
+        sink = torch.as_tensor(sinks, dtype=scores.dtype)[:, None, None]
+        scores = torch.cat([scores, sink.expand(-1, num_tokens, 1)], dim=-1)
+    weights = scores.softmax(-1)[..., :num_tokens]
+    output = torch.einsum("hqk,khd->qhd", weights, value)
     return cache, output.reshape(num_tokens, num_heads * head_size)
 
 
@@ -173,4 +179,33 @@ def test_phi3_su_rotary_per_token_equals_keras_hub_decoding():
             keras.ops.convert_to_numpy(routed[row : row + 1]),
             keras.ops.convert_to_numpy(expected),
             atol=1e-5,
+        )
+
+
+def test_gpt_oss_hands_vllm_its_sinks_and_keras_hubs_window():
+    # KerasHub's GPT-OSS windows the odd layers and keeps `sliding_window + 1`
+    # keys (`k >= q - sliding_window`); HF's windows the even layers and keeps
+    # `sliding_window`. Serving follows KerasHub; that this is what KerasHub
+    # computes is `test_route_equals_the_layers_own_attention[gpt_oss]`.
+    backbone = tiny_backbone("gpt_oss")
+    layers = [routes._attention_layer(layer) for layer in backbone.transformer_layers]
+    assert [layer.sliding_window for layer in layers] == [None, WINDOW]
+    options = []
+
+    def record(*args, **kwargs):
+        options.append(kwargs)
+        return reference_attention(*args, **kwargs)
+
+    routes.install(backbone, family_of("gpt_oss"))
+    with vllm_context_scope(
+        paged_attention_func=record,
+        positions=torch.arange(NUM_TOKENS),
+        kv_caches=[None] * len(layers),
+    ):
+        hidden_states(backbone, np.arange(1, NUM_TOKENS + 1)[:, None])
+    assert [o["sliding_window"] for o in options] == [None, WINDOW + 1]
+    for layer, o in zip(layers, options):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(o["sinks"]),
+            keras.ops.convert_to_numpy(layer.sinks),
         )

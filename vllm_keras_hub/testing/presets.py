@@ -165,6 +165,19 @@ TINY_FAMILIES = {
         "GPTNeoXBackbone",
         dict(num_heads=4, rotary_percentage=0.25, max_sequence_length=256),
     ),
+    # Learned sinks, YaRN RoPE, a window on odd layers, MoE.
+    "gpt_oss": (
+        "GptOssCausalLM",
+        "GptOssBackbone",
+        dict(
+            **_GQA,
+            head_dim=32,
+            num_experts=4,
+            top_k=2,
+            rope_scaling_factor=4.0,
+            sliding_window=WINDOW,
+        ),
+    ),
 }
 
 # Families with tied embeddings and small-init layers: with the embeddings

@@ -107,6 +107,7 @@ _BPE_SPECIAL_TOKENS = {
     "bloom": ("<s>", "</s>", "<pad>"),
     "falcon": ("<|endoftext|>",),
     "gpt_neox": ("<|endoftext|>",),
+    "gpt_oss": ("<|endoftext|>",),
     "smollm3": (
         "<|begin_of_text|>",
         "<|end_of_text|>",
@@ -169,6 +170,7 @@ FAMILIES = (
     "bloom",
     "falcon",
     "gpt_neox",
+    "gpt_oss",
 )
 
 
@@ -325,6 +327,7 @@ def make_tokenizer(family):
         "bloom": keras_hub.tokenizers.BloomTokenizer,
         "falcon": keras_hub.tokenizers.FalconTokenizer,
         "gpt_neox": keras_hub.tokenizers.GPTNeoXTokenizer,
+        "gpt_oss": keras_hub.tokenizers.GptOssTokenizer,
     }
     if family in bpe_classes:
         vocabulary, merges = tiny_bpe_vocabulary_and_merges(
