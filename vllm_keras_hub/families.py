@@ -67,9 +67,22 @@ FAMILIES = (
         "Gemma3nBackbone",
         None,
         ("<end_of_turn>",),
-        _NO_ROUTE + " (KV sharing)",
+        _NO_ROUTE
+        + ": its last `num_kv_shared_layers` layers attend over an earlier "
+        "layer's keys and values (KV sharing), which needs a vLLM `Attention` "
+        "with `kv_sharing_target_layer_name` and no cache of its own",
     ),
-    Family("gemma4", "Gemma4", "Gemma4Backbone", None, (), _NO_ROUTE),
+    Family(
+        "gemma4",
+        "Gemma4",
+        "Gemma4Backbone",
+        None,
+        (),
+        _NO_ROUTE
+        + ": KV sharing in its last `num_kv_shared_layers` layers (as Gemma3n), "
+        "and global layers with their own head size and KV heads "
+        "(`global_head_dim`, `num_global_key_value_heads`)",
+    ),
     Family(
         "qwen3_5",
         "Qwen3.5",
