@@ -101,6 +101,9 @@ def test_greedy_parity_batched(family, presets, references):
     """All prompts in one batch, each prefilled whole in the first step."""
     expected = references(family)
     assert max(len(ids) for ids, _ in expected) > WINDOW
+    # Two prompts ending in "." must continue differently, or the tokens would
+    # not depend on attention and parity would prove little.
+    assert expected[2][1] != expected[4][1], "the preset ignores its context"
     with in_process_llm(f"keras_hub:{presets(family)}") as llm:
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         record_features(family, served_model(llm))

@@ -180,12 +180,18 @@ TINY_FAMILIES = {
     ),
 }
 
-# Families with tied embeddings and small-init layers: with the embeddings
-# scaled by `logit_scale`, the residual stream only echoes the input token and
-# greedy repeats the last prompt token, which tests nothing of attention.
-# Their transformer layers' kernels (weights of rank 2 and up) are scaled by
-# this factor, so the context decides the tokens.
-_LAYER_KERNEL_SCALE = {"bloom": 4.0, "falcon": 4.0, "gpt_neox": 8.0}
+# With small-init layers and the embeddings scaled by `logit_scale`, the
+# residual stream mostly echoes the input token: prompts ending in the same
+# token continue alike, which tests little of attention. Transformer kernels
+# (weights of rank 2 and up) are scaled by this factor, so the context
+# decides the tokens (`model_test` checks that it does).
+_LAYER_KERNEL_SCALE = {"gpt_neox": 8.0, "opt": 8.0}
+DEFAULT_LAYER_KERNEL_SCALE = 4.0
+# Gemma2/3's post-norms bound each layer's update, so wide embeddings (Gemma
+# also multiplies them by sqrt(hidden_dim)) drown the context: keep them as
+# initialised.
+_LOGIT_SCALE = {"gemma2": 1.0, "gemma3": 1.0}
+DEFAULT_LOGIT_SCALE = 20.0
 
 _TOKENIZER_FAMILY = {"gemma2": "gemma", "phi3_su": "phi3"}
 # Gemma3CausalLMPreprocessor asserts TensorFlow is installed (for its image
@@ -193,7 +199,7 @@ _TOKENIZER_FAMILY = {"gemma2": "gemma", "phi3_su": "phi3"}
 NEEDS_TENSORFLOW = ("gemma3",)
 
 
-def build_tiny_preset(family, directory, seed=0, logit_scale=20.0):
+def build_tiny_preset(family, directory, seed=0, logit_scale=None):
     """Saves a tiny random-weight preset of `family` into `directory`.
 
     Args:
@@ -201,9 +207,9 @@ def build_tiny_preset(family, directory, seed=0, logit_scale=20.0):
         directory: Where to save; created if missing.
         seed: Weight initialisation seed.
         logit_scale: Factor on the token embeddings. Random weights give
-            near-flat logits; the default widens them so greedy argmax ties
-            (which kernels may break differently) are vanishingly rare. 1.0
-            keeps them flat, for sampling tests.
+            near-flat logits; the family default (20 for most) widens them so
+            greedy argmax ties (which kernels may break differently) are
+            vanishingly rare. 1.0 keeps them flat, for sampling tests.
 
     Returns:
         `directory`.
@@ -214,13 +220,15 @@ def build_tiny_preset(family, directory, seed=0, logit_scale=20.0):
     backbone = getattr(keras_hub.models, backbone_name)(
         vocabulary_size=tokenizer.vocabulary_size(), **{**_COMMON, **kwargs}
     )
+    if logit_scale is None:
+        logit_scale = _LOGIT_SCALE.get(family, DEFAULT_LOGIT_SCALE)
     for variable in backbone.token_embedding.weights:
         variable.assign(variable * logit_scale)
-    if family in _LAYER_KERNEL_SCALE:
-        for layer in backbone.transformer_layers:
-            for variable in layer.weights:
-                if len(variable.shape) >= 2:
-                    variable.assign(variable * _LAYER_KERNEL_SCALE[family])
+    kernel_scale = _LAYER_KERNEL_SCALE.get(family, DEFAULT_LAYER_KERNEL_SCALE)
+    for layer in backbone.transformer_layers:
+        for variable in layer.weights:
+            if len(variable.shape) >= 2:
+                variable.assign(variable * kernel_scale)
     causal_lm_cls = getattr(keras_hub.models, causal_lm_name)
     preprocessor = None
     if family not in NEEDS_TENSORFLOW:
