@@ -42,7 +42,9 @@ FAMILIES = (
     Family("llama", "Llama", "LlamaBackbone"),
     Family("llama3", "Llama3", "Llama3Backbone"),
     Family("mistral", "Mistral", "MistralBackbone"),
-    Family("qwen", "Qwen 2/2.5", "QwenBackbone"),
+    # Our route, not keras-hub's: keras-hub's passes a sliding window that
+    # Qwen's `generate()` never applies on torch (see routes._qwen).
+    Family("qwen", "Qwen 2/2.5", "QwenBackbone", "vllm_keras_hub"),
     # Our route, not keras-hub's: keras-hub's passes a sliding window that
     # Qwen3's `generate()` never applies on torch (see routes._qwen3).
     Family("qwen3", "Qwen3", "Qwen3Backbone", "vllm_keras_hub"),

@@ -68,6 +68,33 @@ def _mixtral(layer, hidden_states, positions):
     return layer.output_dense(output)
 
 
+def _qwen(layer, hidden_states, positions):
+    # `QwenAttention` (Qwen 2/2.5). Replaces keras-hub's own route, which
+    # passes the window. KerasHub bug: `QwenAttention._compute_attention`
+    # applies `sliding_window_size` only on its non-fused path, and the fused
+    # one runs wherever `fused_attention_op_available()` (torch 2.x), so
+    # `generate()` attends to the whole context. Serve what the layer computes.
+    query = layer.rotary_embedding_layer(
+        layer._query_dense(hidden_states), positions=positions
+    )
+    key = layer.rotary_embedding_layer(
+        layer._key_dense(hidden_states), positions=positions
+    )
+    value = layer._value_dense(hidden_states)
+    sliding_window = None
+    if layer.use_sliding_window_attention and not fused_attention_op_available():
+        sliding_window = layer.sliding_window_size
+    output = vllm_paged_attention(
+        query,
+        key,
+        value,
+        layer._inv_norm_factor,
+        num_kv_heads=layer.num_key_value_heads,
+        sliding_window=sliding_window,
+    )
+    return layer._output_dense(output)
+
+
 def _qwen_moe(layer, hidden_states, positions):
     # `QwenMoeAttention`: Qwen's attention (q/k/v biases) with public q/k/v.
     query = layer.rotary_embedding_layer(
@@ -308,6 +335,7 @@ def _gpt_oss(layer, hidden_states, positions):
 # `(layer, hidden_states, positions)`, positions shaped `(num_tokens, 1)`.
 ROUTES = {
     "CachedMixtralAttention": _mixtral,
+    "QwenAttention": _qwen,
     "QwenMoeAttention": _qwen_moe,
     "Qwen3Attention": _qwen3,
     "Qwen3MoeAttention": _qwen3,

@@ -125,9 +125,9 @@ def test_keras_hub_route_installs_nothing():
         assert "call" not in vars(layer._self_attention_layer)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
-def test_qwen3_routes_drop_the_window_as_keras_hub_does(family):
-    # KerasHub bug: Qwen3(Moe)Attention applies `sliding_window_size` only on
+@pytest.mark.parametrize("family", ["qwen", "qwen3", "qwen3_moe"])
+def test_qwen_routes_drop_the_window_as_keras_hub_does(family):
+    # KerasHub bug: Qwen(3)(Moe)Attention applies `sliding_window_size` only on
     # its non-fused path, so on torch `generate()` attends to everything. If
     # this starts failing, KerasHub fixed it and the route should pass the
     # window again.
