@@ -90,6 +90,27 @@ def _layer_owners(transformer_layers):
     return owners
 
 
+def backbone_dtype(preset, dtype):
+    """The `dtype` to build a preset's backbone in, quantized ones included.
+
+    A backbone saved after `quantize("int8")` carries a `DTypePolicyMap` of
+    its quantized layers. `Backbone.from_preset(dtype="float32")` replaces
+    that map with the plain policy (keras-hub 0.32), so the layers are built
+    unquantized and their int8 weights fail to load. For such a preset this
+    returns the saved map with `dtype` as its default and as the quantized
+    layers' source dtype, as keras-hub does when a map is kept.
+    """
+    from keras_hub.src.utils.preset_utils import CONFIG_FILE
+    from keras_hub.src.utils.preset_utils import load_json
+    from keras_hub.src.utils.preset_utils import set_dtype_in_config
+
+    config = load_json(preset, CONFIG_FILE)
+    saved = config.get("config", {}).get("dtype")
+    if isinstance(saved, dict) and "DTypePolicyMap" in saved.get("class_name", ""):
+        return set_dtype_in_config(config, dtype)["config"]["dtype"]
+    return dtype
+
+
 def _token_inputs(input_ids):
     # vLLM packs the tokens of all requests into one ragged sequence. Fed as a
     # batch of one-token rows, decoder masks degenerate and only vLLM's
@@ -142,7 +163,9 @@ class KerasHubForCausalLM(nn.Module):
         import keras_hub
 
         dtype = str(self.vllm_config.model_config.dtype).removeprefix("torch.")
-        backbone = keras_hub.models.Backbone.from_preset(self.preset, dtype=dtype)
+        backbone = keras_hub.models.Backbone.from_preset(
+            self.preset, dtype=backbone_dtype(self.preset, dtype)
+        )
         routes.install(backbone, self.family)
         specs, route_layers = self._probe(backbone)
         device = self.vllm_config.device_config.device
