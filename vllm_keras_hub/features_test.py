@@ -28,6 +28,7 @@ from vllm import SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
 
 from vllm_keras_hub import smollm2
+from vllm_keras_hub.llm import KerasHubLLM
 from vllm_keras_hub.model import backbone_dtype
 from vllm_keras_hub.testing.engines import in_process_engine_env
 from vllm_keras_hub.testing.engines import in_process_llm
@@ -137,7 +138,17 @@ def engines(smol_preset, tiny_presets, tmp_path_factory):
         smollm2.export_hf_llama(smol_preset, folder)
         return native_llm(folder, **SMOL_SETTINGS, enforce_eager=True)
 
+    @contextlib.contextmanager
+    def spawned(settings):
+        llm = KerasHubLLM(model, seed=0, **SMOL_SETTINGS, **settings)
+        try:
+            yield llm
+        finally:
+            llm.close()
+
     factories = {name: smol(settings) for name, settings in SMOL_ENGINES.items()}
+    # In its own processes: see test_ngram_speculative_decoding.
+    factories["ngram"] = lambda: spawned(SMOL_ENGINES["ngram"])
     factories["native"] = native
     factories["tiny_float32"] = lambda: in_process_llm(
         f"keras_hub:{tiny_presets['plain']}", dtype="float32"
@@ -600,11 +611,11 @@ def test_data_parallel_matches_one_engine(engines, tiny_presets):
 
 
 # ---------------------------------------------------------------------------
-# n-gram speculative decoding. Last among in-process engines: the n-gram
-# proposer imports numba, after which vLLM 0.32's CPU kernel-override scan at
-# worker start (`triton_utils.dispatcher._rebind_kernels`, over every module)
-# fails on llvmlite's `ffi.lib`, whose `vars()` is not a dict; any engine
-# started later in the same process fails with AttributeError.
+# n-gram speculative decoding, in a spawned engine: the n-gram proposer
+# imports numba, after which vLLM 0.32's CPU kernel-override scan at worker
+# start (`triton_utils.dispatcher._rebind_kernels`, over every module) fails
+# on llvmlite's `ffi.lib`, whose `vars()` is not a dict; any in-process engine
+# started later in the same process (the rest of the suite) would fail.
 
 SPEC_COUNTERS = (
     "vllm:spec_decode_num_drafts",
