@@ -111,14 +111,14 @@ def test_unknown_preset_names_the_preset_and_cause(tmp_path):
 
 
 def test_unsupported_family_lists_the_supported_ones(tmp_path):
-    backbone = keras_hub.models.BloomBackbone(
-        vocabulary_size=64, num_layers=1, num_heads=2, hidden_dim=64, intermediate_dim=64
+    backbone = keras_hub.models.RWKV7Backbone(
+        hidden_size=64, head_size=32, num_layers=1, vocabulary_size=64, intermediate_dim=64
     )
     backbone.save_to_preset(str(tmp_path))
     with pytest.raises(families.UnsupportedFamilyError) as error:
         preset_folder.ModelFolder(str(tmp_path))
     message = str(error.value)
-    assert "Bloom" in message and "ALiBi" in message
+    assert "RWKV7" in message and "recurrent state" in message
     for name in families.supported_families():
         assert name in message
 
