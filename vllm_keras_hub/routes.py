@@ -234,21 +234,31 @@ def _phi3(layer, hidden_states, positions):
     return layer.output_dense(output)
 
 
-def _bloom(layer, hidden_states, positions):
-    # `BloomAttention`: MHA with biases and ALiBi. Its `AlibiBias` adds
-    # `slope * (key_position - last_key_position)` to the scaled scores, which
-    # softmax sees exactly as vLLM's `slope * (key_position - query_position)`
-    # (a constant per query row); slopes are in head order.
+def _alibi_attention(layer, hidden_states, dense_layers):
+    # Multi-head attention with biases whose ALiBi slopes go to vLLM.
+    query_dense, key_dense, value_dense, output_dense = dense_layers
     output = _paged_attention(
-        layer._query_dense(hidden_states),
-        layer._key_dense(hidden_states),
-        layer._value_dense(hidden_states),
+        query_dense(hidden_states),
+        key_dense(hidden_states),
+        value_dense(hidden_states),
         layer.inv_norm_factor,
         alibi_slopes=layer._vllm_alibi_slopes,
     )
     num_tokens = ops.shape(hidden_states)[0]
     output = ops.reshape(output, (num_tokens, 1, layer.num_heads * layer.head_dim))
-    return layer._output_dense(output)
+    return output_dense(output)
+
+
+def _bloom(layer, hidden_states, positions):
+    # `BloomAttention`: its `AlibiBias` adds `slope * (key_position -
+    # last_key_position)` to the scaled scores, which softmax sees exactly as
+    # vLLM's `slope * (key_position - query_position)` (a constant per query
+    # row); slopes are in head order.
+    return _alibi_attention(
+        layer,
+        hidden_states,
+        (layer._query_dense, layer._key_dense, layer._value_dense, layer._output_dense),
+    )
 
 
 def _bloom_alibi_slopes(transformer_layer, layer):
@@ -256,18 +266,13 @@ def _bloom_alibi_slopes(transformer_layer, layer):
 
 
 def _falcon(layer, hidden_states, positions):
-    # `FalconAttention` (RW-1B): MHA with biases; the ALiBi bias comes from
-    # its decoder (`slope * key_position`), added before the softmax scale.
-    output = _paged_attention(
-        layer.query_dense(hidden_states),
-        layer.key_dense(hidden_states),
-        layer.value_dense(hidden_states),
-        layer.inv_norm_factor,
-        alibi_slopes=layer._vllm_alibi_slopes,
+    # `FalconAttention` (RW-1B): the ALiBi bias comes from its decoder
+    # (`slope * key_position`), added before the softmax scale.
+    return _alibi_attention(
+        layer,
+        hidden_states,
+        (layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense),
     )
-    num_tokens = ops.shape(hidden_states)[0]
-    output = ops.reshape(output, (num_tokens, 1, layer.num_heads * layer.head_dim))
-    return layer.output_dense(output)
 
 
 def _falcon_alibi_slopes(transformer_layer, layer):
