@@ -7,6 +7,10 @@ KerasHub attention layer projects q/k/v, applies its own position encoding at
 vLLM's per-token positions and hands q/k/v to keras-hub's paged-attention
 bridge, which calls the layer's vLLM `Attention`. vLLM's paged KV cache and the
 platform's attention kernel do the attention; everything else stays KerasHub.
+
+The backbone's layers call their own `call()` directly (`direct_calls`), so
+vLLM's default mode can compile the whole step with torch.compile, as it does
+for its own models.
 """
 
 import dataclasses
@@ -15,12 +19,14 @@ import sys
 import torch
 from keras_hub.src.vllm.context import vllm_context_scope
 from torch import nn
+from vllm.compilation.decorators import support_torch_compile
 from vllm.config import set_current_vllm_config
 from vllm.model_executor.layers.attention import Attention
 
 from vllm_keras_hub import families
 from vllm_keras_hub import routes
 from vllm_keras_hub.backend import require_torch_backend
+from vllm_keras_hub.direct_calls import use_direct_calls
 
 LOAD_FORMAT = "keras_hub"
 
@@ -119,6 +125,8 @@ def _token_inputs(input_ids):
     return {"token_ids": token_ids, "padding_mask": torch.ones_like(token_ids)}
 
 
+# vLLM compiles `forward` (unless enforce_eager) with dynamic token counts.
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": -1})
 class KerasHubForCausalLM(nn.Module):
     """A KerasHub `CausalLM` preset served by vLLM's model runner.
 
@@ -167,6 +175,7 @@ class KerasHubForCausalLM(nn.Module):
             self.preset, dtype=backbone_dtype(self.preset, dtype)
         )
         routes.install(backbone, self.family)
+        use_direct_calls(backbone)
         specs, route_layers = self._probe(backbone)
         device = self.vllm_config.device_config.device
         with set_current_vllm_config(self.vllm_config), torch.device(device):
@@ -303,10 +312,10 @@ class KerasHubForCausalLM(nn.Module):
                 "KerasHub models take token ids only (no inputs_embeds or "
                 "pipeline parallelism)."
             )
-        callers = []
+        routed = []
 
         def paged_attention(attention, query, key, value, *args, **kwargs):
-            callers.append(_routing_attention_layer())
+            routed.append(attention)
             dtype = self._dtype
             return attention, attention(
                 query.to(dtype), key.to(dtype), value.to(dtype)
@@ -318,10 +327,16 @@ class KerasHubForCausalLM(nn.Module):
             kv_caches=self.attention,
         ):
             hidden_states = self.backbone(_token_inputs(input_ids), training=False)
-        if len(callers) != len(self._route_layers) or any(
-            a is not b for a, b in zip(callers, self._route_layers)
-        ):
-            self._check_routes(callers, _transformer_layers(self.backbone))
+        # The start-up probe named the routing layers; a step that routed
+        # differently (a layer that fell back to its own attention) must not
+        # return. Under torch.compile this is decided once, while tracing.
+        if len(routed) != len(self.attention):
+            raise RouteError(
+                f"{self.family.display_name} ({self.preset}): "
+                f"{len(routed)} of {len(self.attention)} transformer layers "
+                "handed attention to vLLM in this step; serving it would "
+                "give wrong output."
+            )
         return hidden_states[:, 0, :]
 
     def compute_logits(self, hidden_states):

@@ -195,11 +195,13 @@ def _phi3_su_rotary(rotary, inputs, positions):
     picks one factor set for the whole padded batch.
     """
     long = ops.cast(positions >= rotary.pretraining_sequence_length, "float32")
-    factor = long * ops.convert_to_tensor(
-        rotary.inverese_freq_long_factor, "float32"
-    ) + (1.0 - long) * ops.convert_to_tensor(
-        rotary.inverese_freq_short_factor, "float32"
-    )
+    # The factors are Keras-tracked lists, which torch.compile cannot turn
+    # into tensors; plain tuples of floats it can.
+    long_factor = tuple(float(f) for f in rotary.inverese_freq_long_factor)
+    short_factor = tuple(float(f) for f in rotary.inverese_freq_short_factor)
+    factor = long * ops.convert_to_tensor(long_factor, "float32") + (
+        1.0 - long
+    ) * ops.convert_to_tensor(short_factor, "float32")
     inverse_freq = rotary._get_inverse_freq(ops.shape(inputs)[-1]) / factor
     freq = ops.cast(positions, "float32") * inverse_freq
     # `(num_tokens, head_dim)` -> `(num_tokens, 1, 1, head_dim)`, like `inputs`.
