@@ -50,9 +50,9 @@ def serve(model, vllm_argv):
 
     vLLM parses `vllm_argv` exactly as `vllm serve` does. Where they are not
     given, this sets `--load-format keras_hub`, the folder's tokenizer mode,
-    `--host 127.0.0.1`, `--served-model-name MODEL`, `--enforce-eager`
-    (Keras's `Layer.__call__` does not trace under torch.compile), on CPU a
-    2 GiB KV cache, and for the default model `--dtype float32`.
+    `--host 127.0.0.1`, `--served-model-name MODEL`, on CPU a 2 GiB KV cache,
+    and for the default model `--dtype float32`. Like `vllm serve`, it runs
+    the model under torch.compile unless `--enforce-eager` is given.
 
     Args:
         model: `keras_hub:<preset>`, a local preset folder, or `None`.
@@ -92,8 +92,6 @@ def serve(model, vllm_argv):
         )
         if kv_cache_bytes is not None:
             args.kv_cache_memory_bytes = kv_cache_bytes
-        if not {"--enforce-eager", "--no-enforce-eager", "-cc", "--compilation-config"} & given:
-            args.enforce_eager = True
         configure_logging_from_args(args)
         command.validate(args)
         command.cmd(args)
@@ -111,7 +109,7 @@ def export(model, directory):
     if os.listdir(directory):
         raise FileExistsError(f"Export folder '{directory}' is not empty.")
     tokenizer_mode = write_model_folder(preset, directory)
-    flags = f"--load-format {LOAD_FORMAT} --enforce-eager"
+    flags = f"--load-format {LOAD_FORMAT}"
     if tokenizer_mode != "auto":
         flags += f" --tokenizer-mode {tokenizer_mode}"
     print(f"Wrote {directory}. Serve it with vLLM (vllm-keras-hub installed):")

@@ -65,8 +65,6 @@ class KerasHubLLM(vllm.LLM):
             model = self.model_folder.path
             kwargs.setdefault("load_format", LOAD_FORMAT)
             kwargs.setdefault("tokenizer_mode", self.model_folder.tokenizer_mode)
-            # Keras's Layer.__call__ does not trace under torch.compile.
-            kwargs.setdefault("enforce_eager", True)
             kv_cache_bytes = default_kv_cache_bytes(
                 {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(kwargs)
             )

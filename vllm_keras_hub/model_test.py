@@ -2,7 +2,8 @@
 
 Every routed family, as a tiny random-weight preset saved with
 `save_to_preset` and served through `keras_hub:<folder>` by the real vLLM
-engine, scheduler, paged KV cache and CPU attention kernel.
+engine, scheduler, paged KV cache and CPU attention kernel, in eager mode and
+in vLLM's default compiled mode.
 """
 
 import pytest
@@ -110,19 +111,37 @@ def test_greedy_parity_batched(family, presets, references):
     assert_same_tokens(outputs, expected, family, "batched")
 
 
+CHUNKED = dict(
+    max_num_batched_tokens=CHUNK, max_num_seqs=len(PROMPTS), enable_chunked_prefill=True
+)
+
+
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
 def test_greedy_parity_chunked_prefill(family, presets, references):
     """A small token budget: long prompts prefill in chunks beside decodes."""
     expected = references(family)
     assert sum(len(ids) for ids, _ in expected) > 2 * CHUNK
-    with in_process_llm(
-        f"keras_hub:{presets(family)}",
-        max_num_batched_tokens=CHUNK,
-        max_num_seqs=len(PROMPTS),
-        enable_chunked_prefill=True,
-    ) as llm:
+    with in_process_llm(f"keras_hub:{presets(family)}", **CHUNKED) as llm:
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert_same_tokens(outputs, expected, family, "chunked")
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_greedy_parity_compiled(family, presets, references):
+    """vLLM's default mode: the forward compiled by torch.compile (Inductor).
+
+    Chunked prefill beside decodes, so the one graph, traced with a dynamic
+    token count, runs steps of many different sizes.
+    """
+    expected = references(family)
+    with in_process_llm(
+        f"keras_hub:{presets(family)}", enforce_eager=False, **CHUNKED
+    ) as llm:
+        config = llm.llm_engine.vllm_config
+        assert not config.model_config.enforce_eager
+        assert config.compilation_config.mode.name == "VLLM_COMPILE"
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert_same_tokens(outputs, expected, family, "compiled")
 
 
 def test_gpt_neox_generate_is_not_its_forward(presets, references):

@@ -6,8 +6,9 @@ import os
 
 from vllm_keras_hub.llm import KerasHubLLM
 
-# Enough KV cache for the tests' tiny models and short prompts.
-TEST_ENGINE_KWARGS = dict(max_model_len=256, dtype="float32", seed=0)
+# Enough KV cache for the tests' tiny models and short prompts. Eager, since
+# compiling takes ~30 s per engine: tests of the compiled mode ask for it.
+TEST_ENGINE_KWARGS = dict(max_model_len=256, dtype="float32", seed=0, enforce_eager=True)
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ from vllm_keras_hub import chat_templates
 from vllm_keras_hub import families
 
 RESULTS = {}
-COLUMNS = ("batched", "chunked", "window", "soft_cap", "sinks", "moe")
+COLUMNS = ("batched", "chunked", "compiled", "window", "soft_cap", "sinks", "moe")
 
 
 def record(preset_name, backbone, **values):
@@ -30,8 +30,9 @@ def render():
     """The matrix as Markdown: tested presets, then families without a route."""
     lines = [
         "| family | test preset | route | greedy parity, batched | greedy parity, "
-        "chunked prefill | sliding window | soft cap | sinks | MoE | chat format |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "chunked prefill | greedy parity, compiled | sliding window | soft cap "
+        "| sinks | MoE | chat format |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     tested = set()
     for name, result in sorted(RESULTS.items()):
@@ -46,8 +47,8 @@ def render():
         if family.route is None:
             lines.append(
                 f"| {family.display_name} | | refused: {family.unsupported_reason} "
-                "| | | | | | | |"
+                "| | | | | | | | |"
             )
         elif family.name not in tested:
-            lines.append(f"| {family.display_name} | | not tested in this run | | | | | | | |")
+            lines.append(f"| {family.display_name} | | not tested in this run | | | | | | | | |")
     return "\n".join(lines) + "\n"
