@@ -32,13 +32,14 @@ RESULTS_DIR = os.path.join(ROOT, "bench", "results")
 
 # name -> (label, what it is)
 SYSTEMS = {
-    "keras_hub": "vllm-keras-hub (eager)",
+    "keras_hub": "vllm-keras-hub (compiled)",
+    "keras_hub_eager": "vllm-keras-hub (eager)",
     "native_compiled": "vLLM native (compiled)",
     "native_eager": "vLLM native (eager)",
     "keras_generate": "KerasHub generate() (torch)",
     "hf": "transformers generate()",
 }
-VLLM_SYSTEMS = ("keras_hub", "native_compiled", "native_eager")
+VLLM_SYSTEMS = ("keras_hub", "keras_hub_eager", "native_compiled", "native_eager")
 DTYPES = ("float32", "bfloat16")
 SERVE_SYSTEMS = {
     "keras_hub": "vllm-keras-hub serve",
@@ -193,10 +194,14 @@ class VllmSystem:
             kv_cache_memory_bytes=KV_CACHE_BYTES,
             seed=SEED,
         )
-        if system == "keras_hub":
+        if system in ("keras_hub", "keras_hub_eager"):
             from vllm_keras_hub import KerasHubLLM
 
-            self.llm = KerasHubLLM(f"keras_hub:{preset}", **kwargs)  # eager: its default
+            self.llm = KerasHubLLM(
+                f"keras_hub:{preset}",
+                enforce_eager=(system == "keras_hub_eager"),
+                **kwargs,
+            )
         else:
             self.llm = vllm.LLM(
                 hf_folder, enforce_eager=(system == "native_eager"), **kwargs
@@ -636,6 +641,50 @@ def format_table(results, meta):
     return "\n".join(out)
 
 
+# Issue #4's targets for vllm-keras-hub in its default mode:
+# (metric, against, ratio bound, higher is better).
+TARGETS = [
+    ("tput_32", "native", 0.9, True),
+    ("decode_ms_per_token", "native", 1.15, False),
+    ("startup_s", "native", 1.2, False),
+    ("peak_rss_mb", "native", 1.1, False),
+    ("tput_32", "keras_generate", 8.0, True),
+]
+
+
+def check_targets(results):
+    """Each target's measured ratio per dtype, and whether it is met."""
+    base = baselines(results)
+    found = {(r.get("system"), r.get("dtype")): r for r in results if "error" not in r}
+    checks = []
+    for dtype in DTYPES:
+        ours = found.get(("keras_hub", dtype))
+        for key, against, bound, higher in TARGETS:
+            ref = base.get(dtype) if against == "native" else found.get((against, dtype))
+            value = metric(ours, key) if ours else None
+            ref_value = metric(ref, key) if ref else None
+            if value is None or not ref_value:
+                continue
+            ratio = value / ref_value
+            checks.append({
+                "dtype": dtype, "metric": key, "against": ref["label"],
+                "ratio": ratio, "target": f"{'>=' if higher else '<='} {bound}x",
+                "met": ratio >= bound if higher else ratio <= bound,
+            })
+    return checks
+
+
+def format_targets(checks):
+    if not checks:
+        return ""
+    lines = ["| target (vllm-keras-hub compiled) | dtype | measured | target | met |",
+             "| --- | --- | --- | --- | --- |"]
+    for c in checks:
+        lines.append(f"| {c['metric']} vs {c['against']} | {c['dtype']} | "
+                     f"{c['ratio']:.2f}x | {c['target']} | {'yes' if c['met'] else 'no'} |")
+    return "\n".join(lines)
+
+
 def format_serve_table(serve):
     if not serve:
         return ""
@@ -800,15 +849,21 @@ def main_orchestrate(args):
     meta["load_average_at_end"] = os.getloadavg()
     table = format_table(results, meta)
     serve_table = format_serve_table(serve)
+    targets = check_targets(results)
+    targets_table = format_targets(targets)
     print()
     print(table)
+    if targets_table:
+        print()
+        print(targets_table)
     if serve_table:
         print()
         print(serve_table)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".tmp", "w") as f:
         json.dump({"meta": meta, "results": results, "serve": serve,
-                   "table": table, "serve_table": serve_table}, f, indent=2, default=str)
+                   "table": table, "serve_table": serve_table, "targets": targets,
+                   "targets_table": targets_table}, f, indent=2, default=str)
     os.replace(args.out + ".tmp", args.out)
     png = os.path.splitext(args.out)[0] + ".png"
     if any("error" not in r for r in results):
