@@ -62,12 +62,14 @@ def test_explicit_sampling_params_override_the_defaults(gemma_llm):
 
 
 def test_model_folder_is_removed_on_close_and_on_garbage_collection(gemma_preset):
-    with in_process_llm(f"keras_hub:{gemma_preset}") as llm:
+    # Settings no other engine of this module uses: a folder is shared by
+    # every live engine of the same preset and settings.
+    with in_process_llm(f"keras_hub:{gemma_preset}", max_model_len=96) as llm:
         folder = llm.model_folder.path
         assert os.path.isfile(os.path.join(folder, "config.json"))
     assert not os.path.exists(folder)
 
-    folder = ModelFolder(gemma_preset)
+    folder = ModelFolder(gemma_preset, max_model_len=97)
     path = folder.path
     del folder
     gc.collect()

@@ -1,5 +1,6 @@
 import json
 import os
+import subprocess
 
 import keras_hub
 import pytest
@@ -162,3 +163,33 @@ def test_chat_template_is_the_familys_or_a_clear_refusal(tiny):
             tokenizer.apply_chat_template(messages, tokenize=False)
     finally:
         folder.cleanup()
+
+
+def test_same_preset_and_settings_share_one_folder_until_the_last_lets_go(tiny):
+    first = preset_folder.ModelFolder(tiny("gpt2"))
+    second = preset_folder.ModelFolder(tiny("gpt2"))
+    other = preset_folder.ModelFolder(tiny("gpt2"), max_model_len=100)
+    try:
+        # vLLM keys its compile caches by this path: it must be stable.
+        assert first.path == second.path != other.path
+        first.cleanup()
+        first.cleanup()
+        assert read(second.path, "config.json")["keras_hub_family"] == "gpt2"
+    finally:
+        second.cleanup()
+        other.cleanup()
+    assert not os.path.exists(first.path) and not os.path.exists(other.path)
+
+
+def test_a_dead_process_does_not_keep_a_folder(tiny):
+    folder = preset_folder.ModelFolder(tiny("gpt2"))
+    # A user that died without cleaning up (SIGKILL) still has its marker.
+    open(os.path.join(folder.path + ".users", f"{_finished_pid()}-crashed"), "w").close()
+    folder.cleanup()
+    assert not os.path.exists(folder.path)
+
+
+def _finished_pid():
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
