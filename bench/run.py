@@ -325,7 +325,7 @@ def run_system(system, dtype, size, hf_folder, preset):
         else:
             import transformers  # noqa: F401
         result["import_s"] = time.perf_counter() - start
-        if system == "native_compiled":
+        if system in ("native_compiled", "keras_hub"):
             cache = os.path.join(
                 os.environ.get("VLLM_CACHE_ROOT", os.path.expanduser("~/.cache/vllm")),
                 "torch_compile_cache",
