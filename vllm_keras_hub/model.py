@@ -12,6 +12,7 @@ platform's attention kernel do the attention; everything else stays KerasHub.
 import dataclasses
 import sys
 
+import keras
 import torch
 from keras_hub.src.vllm.context import vllm_context_scope
 from torch import nn
@@ -44,6 +45,9 @@ class AttentionSpec:
             scale as `slope * (key_position - query_position)`, or `None`.
         sinks: Per-query-head learned attention-sink logits, each an extra
             softmax column with no value (GPT-OSS), or `None`.
+        kv_sharing_target: Index of the earlier layer whose keys and values
+            this layer attends over, with no cache of its own (Gemma3n and
+            Gemma4's last `num_kv_shared_layers`), or `None`.
     """
 
     num_heads: int
@@ -54,6 +58,7 @@ class AttentionSpec:
     soft_cap: float | None
     alibi_slopes: tuple[float, ...] | None = None
     sinks: tuple[float, ...] | None = None
+    kv_sharing_target: int | None = None
 
 
 def _routing_attention_layer():
@@ -72,13 +77,10 @@ def _routing_attention_layer():
 
 
 def _transformer_layers(backbone):
-    layers = getattr(backbone, "transformer_layers", None)
-    if layers is None:
-        raise RouteError(
-            f"{type(backbone).__name__} has no `transformer_layers`; "
-            "vllm-keras-hub cannot map its attention to vLLM."
-        )
-    return list(layers)
+    try:
+        return routes.transformer_layers(backbone)
+    except ValueError as e:
+        raise RouteError(str(e)) from e
 
 
 def _layer_owners(transformer_layers):
@@ -111,12 +113,17 @@ def backbone_dtype(preset, dtype):
     return dtype
 
 
-def _token_inputs(input_ids):
+def _token_inputs(backbone, input_ids, positions):
     # vLLM packs the tokens of all requests into one ragged sequence. Fed as a
     # batch of one-token rows, decoder masks degenerate and only vLLM's
     # attention mixes tokens.
     token_ids = input_ids.reshape(-1, 1)
-    return {"token_ids": token_ids, "padding_mask": torch.ones_like(token_ids)}
+    inputs = {"token_ids": token_ids, "padding_mask": torch.ones_like(token_ids)}
+    # Gemma4's backbone takes each token's position as an input too.
+    input_names = {tensor.name for tensor in keras.tree.flatten(backbone.input)}
+    if "position_ids" in input_names:
+        inputs["position_ids"] = positions.reshape(-1, 1)
+    return inputs
 
 
 class KerasHubForCausalLM(nn.Module):
@@ -182,7 +189,12 @@ class KerasHubForCausalLM(nn.Module):
                     alibi_slopes=(
                         None if spec.alibi_slopes is None else list(spec.alibi_slopes)
                     ),
-                    prefix=f"{self.prefix}attention.{index}",
+                    prefix=self._attention_prefix(index),
+                    kv_sharing_target_layer_name=(
+                        None
+                        if spec.kv_sharing_target is None
+                        else self._attention_prefix(spec.kv_sharing_target)
+                    ),
                     # Only where used: not every backend's impl takes `sinks`.
                     **(
                         {}
@@ -196,6 +208,11 @@ class KerasHubForCausalLM(nn.Module):
         self.attention_specs = specs
         self._route_layers = route_layers
         self._dtype = self.vllm_config.model_config.dtype
+
+    def _attention_prefix(self, index):
+        # vLLM's layer name for the `Attention` of transformer layer `index`;
+        # it orders KV caches by the integer in it.
+        return f"{self.prefix}attention.{index}"
 
     def _probe(self, backbone):
         """Runs one token through `backbone`, recording each route's options.
@@ -220,6 +237,7 @@ class KerasHubForCausalLM(nn.Module):
             soft_cap=None,
             alibi_slopes=None,
             sinks=None,
+            kv_sharing_target=None,
         ):
             callers.append(_routing_attention_layer())
             specs.append(
@@ -240,6 +258,7 @@ class KerasHubForCausalLM(nn.Module):
                         if sinks is None
                         else tuple(torch.as_tensor(sinks).float().flatten().tolist())
                     ),
+                    kv_sharing_target=kv_sharing_target,
                 )
             )
             return cache, torch.zeros_like(query)
@@ -250,7 +269,10 @@ class KerasHubForCausalLM(nn.Module):
             positions=torch.zeros_like(input_ids),
             kv_caches=list(range(len(transformer_layers))),
         ):
-            backbone(_token_inputs(input_ids), training=False)
+            backbone(
+                _token_inputs(backbone, input_ids, torch.zeros_like(input_ids)),
+                training=False,
+            )
         self._check_routes(callers, transformer_layers)
         return specs, callers
 
@@ -282,7 +304,7 @@ class KerasHubForCausalLM(nn.Module):
 
     def embed_input_ids(self, input_ids):
         """The token embedding alone (family-specific scaling excluded)."""
-        return self.backbone.token_embedding(input_ids)
+        return routes.token_embedding(self.backbone)(input_ids)
 
     def forward(
         self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None
@@ -308,6 +330,9 @@ class KerasHubForCausalLM(nn.Module):
         def paged_attention(attention, query, key, value, *args, **kwargs):
             callers.append(_routing_attention_layer())
             dtype = self._dtype
+            if attention.kv_sharing_target_layer_name is not None:
+                # It attends over its target's cache and writes none.
+                return attention, attention(query.to(dtype), None, None)
             return attention, attention(
                 query.to(dtype), key.to(dtype), value.to(dtype)
             )
@@ -317,7 +342,9 @@ class KerasHubForCausalLM(nn.Module):
             positions=positions,
             kv_caches=self.attention,
         ):
-            hidden_states = self.backbone(_token_inputs(input_ids), training=False)
+            hidden_states = self.backbone(
+                _token_inputs(self.backbone, input_ids, positions), training=False
+            )
         if len(callers) != len(self._route_layers) or any(
             a is not b for a, b in zip(callers, self._route_layers)
         ):
@@ -330,4 +357,4 @@ class KerasHubForCausalLM(nn.Module):
         KerasHub's `ReversibleEmbedding` also applies a family's final logit
         soft cap (Gemma2).
         """
-        return self.backbone.token_embedding(hidden_states, reverse=True)
+        return routes.token_embedding(self.backbone)(hidden_states, reverse=True)

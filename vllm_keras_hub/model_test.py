@@ -137,3 +137,35 @@ def test_gpt_neox_generate_is_not_its_forward(presets, references):
     # `generate()` prefills up to the shortest prompt; every later token, of
     # every prompt, comes from its cached decode.
     assert [tokens for _, tokens in generated] != [tokens for _, tokens in forward]
+
+
+
+@pytest.mark.parametrize("family", ["gemma3n", "gemma4"])
+def test_kv_sharing_layers_attend_over_their_targets_cache(family, presets):
+    """The last 2 of 4 layers get no cache of their own, only their target's.
+
+    That they attend correctly over it is the parity tests' job.
+    """
+    with in_process_llm(f"keras_hub:{presets(family)}") as llm:
+        model = served_model(llm)
+        runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker
+        runner = runner.worker.model_runner
+        specs = model.attention_specs
+        assert [spec.kv_sharing_target for spec in specs] == [None, None, 0, 1]
+        names = [attention.layer_name for attention in model.attention]
+        assert runner.shared_kv_cache_layers == {
+            names[2]: names[0],
+            names[3]: names[1],
+        }
+        # vLLM allocates caches for the first two only; each shared layer is
+        # in its target's KV-cache group (sliding window or full attention).
+        assert set(runner.get_kv_cache_spec()) == set(names[:2])
+        groups = [set(g.layer_names) for g in runner.kv_cache_config.kv_cache_groups]
+        assert sorted(groups, key=sorted) == [
+            {names[0], names[2]},
+            {names[1], names[3]},
+        ]
+        if family == "gemma4":
+            # Global layers (odd) with their own head size and one K=V head.
+            heads = [(spec.head_size, spec.num_kv_heads) for spec in specs]
+            assert heads == [(32, 2), (64, 1)] * 2
