@@ -168,4 +168,4 @@ def test_kv_sharing_layers_attend_over_their_targets_cache(family, presets):
         if family == "gemma4":
             # Global layers (odd) with their own head size and one K=V head.
             heads = [(spec.head_size, spec.num_kv_heads) for spec in specs]
-            assert heads == [(32, 2), (64, 1)] * 2
+            assert heads == [(32, 2), (128, 1)] * 2

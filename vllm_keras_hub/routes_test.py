@@ -261,7 +261,7 @@ def test_last_layers_share_the_kv_of_the_last_earlier_layer_of_their_type(family
 
 
 def test_gemma4_hands_vllm_per_layer_head_sizes_and_its_soft_cap():
-    # Global layers: `global_head_dim` 64 and one K=V head; local: 32 and 2.
+    # Global layers: `global_head_dim` 128 and one K=V head; local: 32 and 2.
     backbone = tiny_backbone("gemma4")
     routes.install(backbone, family_of("gemma4"))
     options = []
@@ -281,4 +281,4 @@ def test_gemma4_hands_vllm_per_layer_head_sizes_and_its_soft_cap():
             np.arange(1, NUM_TOKENS + 1)[:, None],
             np.arange(NUM_TOKENS)[:, None],
         )
-    assert options == [(32, 2, 1.0, 50.0), (64, 1, 1.0, 50.0)] * 2
+    assert options == [(32, 2, 1.0, 50.0), (128, 1, 1.0, 50.0)] * 2

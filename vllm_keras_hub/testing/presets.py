@@ -208,8 +208,9 @@ TINY_FAMILIES = {
         ),
     ),
     # KV sharing as Gemma3n (layer 2 reads layer 0, layer 3 layer 1); global
-    # layers (odd) with their own head size (64), one K=V head and partial
-    # RoPE; per-layer inputs, attention and final soft caps.
+    # layers (odd) with their own head size (128), one K=V head and partial
+    # RoPE, so their KV pages are twice the local layers'; per-layer inputs,
+    # attention and final soft caps.
     "gemma4": (
         "Gemma4CausalLM",
         "Gemma4Backbone",
@@ -223,7 +224,7 @@ TINY_FAMILIES = {
             image_size=None,
             sliding_window_size=WINDOW,
             sliding_window_pattern=2,
-            global_head_dim=64,
+            global_head_dim=128,
             num_global_key_value_heads=1,
             global_rope_partial_rotary_factor=0.25,
             num_kv_shared_layers=2,
