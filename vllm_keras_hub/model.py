@@ -113,6 +113,23 @@ def backbone_dtype(preset, dtype):
     return dtype
 
 
+def task_final_logit_cap(preset):
+    """The soft cap a preset's task, not its backbone, puts on the logits.
+
+    `Gemma4CausalLM(final_logit_cap=...)` caps the logits again after the
+    backbone's own `final_logit_soft_cap`; `None` where the preset's
+    `task.json` sets none (or it has none).
+    """
+    from keras_hub.src.utils.preset_utils import TASK_CONFIG_FILE
+    from keras_hub.src.utils.preset_utils import check_file_exists
+    from keras_hub.src.utils.preset_utils import load_json
+
+    if not check_file_exists(preset, TASK_CONFIG_FILE):
+        return None
+    cap = load_json(preset, TASK_CONFIG_FILE).get("config", {}).get("final_logit_cap")
+    return float(cap) if cap else None
+
+
 def _token_inputs(backbone, input_ids, positions):
     # vLLM packs the tokens of all requests into one ragged sequence. Fed as a
     # batch of one-token rows, decoder masks degenerate and only vLLM's
@@ -156,6 +173,7 @@ class KerasHubForCausalLM(nn.Module):
         self.vllm_config = vllm_config
         self.prefix = prefix
         self.backbone = None
+        self._final_logit_cap = None
         self.attention = nn.ModuleList()
         self._route_layers = []
 
@@ -205,6 +223,7 @@ class KerasHubForCausalLM(nn.Module):
                 for index, spec in enumerate(specs)
             )
         self.backbone = backbone
+        self._final_logit_cap = task_final_logit_cap(self.preset)
         self.attention_specs = specs
         self._route_layers = route_layers
         self._dtype = self.vllm_config.model_config.dtype
@@ -303,7 +322,7 @@ class KerasHubForCausalLM(nn.Module):
         )
 
     def embed_input_ids(self, input_ids):
-        """The token embedding alone (family-specific scaling excluded)."""
+        """The token embedding (Gemma3n's includes its embedding scale)."""
         return routes.token_embedding(self.backbone)(input_ids)
 
     def forward(
@@ -355,6 +374,11 @@ class KerasHubForCausalLM(nn.Module):
         """Logits through the backbone's own (possibly tied) output embedding.
 
         KerasHub's `ReversibleEmbedding` also applies a family's final logit
-        soft cap (Gemma2).
+        soft cap (Gemma2); a task-level one (Gemma4's `final_logit_cap`)
+        follows.
         """
-        return routes.token_embedding(self.backbone)(hidden_states, reverse=True)
+        logits = routes.token_embedding(self.backbone)(hidden_states, reverse=True)
+        cap = self._final_logit_cap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits

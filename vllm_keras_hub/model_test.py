@@ -169,3 +169,46 @@ def test_kv_sharing_layers_attend_over_their_targets_cache(family, presets):
             # Global layers (odd) with their own head size and one K=V head.
             heads = [(spec.head_size, spec.num_kv_heads) for spec in specs]
             assert heads == [(32, 2), (128, 1)] * 2
+
+
+def test_gemma4_task_logit_cap_reaches_the_logprobs(tmp_path):
+    """`Gemma4CausalLM(final_logit_cap=...)` caps logits after the backbone.
+
+    Greedy tokens cannot show it (tanh keeps the argmax); logprobs do.
+    """
+    import json
+
+    import keras
+    import numpy as np
+    import torch
+
+    from vllm_keras_hub.sampling import causal_lm_class
+
+    preset = build_tiny_preset("gemma4", str(tmp_path))
+    with open(tmp_path / "task.json") as f:
+        task = json.load(f)
+    task["config"]["final_logit_cap"] = 2.0
+    with open(tmp_path / "task.json", "w") as f:
+        json.dump(task, f)
+    causal_lm = causal_lm_class(preset).from_preset(preset, preprocessor=None)
+    assert causal_lm.final_logit_cap == 2.0
+    with in_process_llm(f"keras_hub:{preset}") as llm:
+        output = llm.generate(
+            "Hello there", SamplingParams(max_tokens=1, logprobs=3), use_tqdm=False
+        )[0]
+    token_ids = np.array([output.prompt_token_ids])
+    with torch.inference_mode():
+        logits = causal_lm(
+            {
+                "token_ids": token_ids,
+                "padding_mask": np.ones_like(token_ids),
+                "position_ids": np.arange(token_ids.shape[1])[None],
+            },
+            training=False,
+        )
+    logits = torch.as_tensor(keras.ops.convert_to_numpy(logits))[0, -1]
+    expected = torch.log_softmax(logits, -1)
+    served = output.outputs[0].logprobs[0]
+    assert len(served) >= 3
+    for token_id, logprob in served.items():
+        assert logprob.logprob == pytest.approx(float(expected[token_id]), abs=1e-4)
