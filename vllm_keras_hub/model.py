@@ -12,7 +12,6 @@ platform's attention kernel do the attention; everything else stays KerasHub.
 import dataclasses
 import sys
 
-import keras
 import torch
 from keras_hub.src.vllm.context import vllm_context_scope
 from torch import nn
@@ -22,6 +21,7 @@ from vllm.model_executor.layers.attention import Attention
 from vllm_keras_hub import families
 from vllm_keras_hub import routes
 from vllm_keras_hub.backend import require_torch_backend
+from vllm_keras_hub.text_forward import text_forward
 
 LOAD_FORMAT = "keras_hub"
 
@@ -130,17 +130,14 @@ def task_final_logit_cap(preset):
     return float(cap) if cap else None
 
 
-def _token_inputs(backbone, input_ids, positions):
+def _forward(backbone, input_ids, positions):
     # vLLM packs the tokens of all requests into one ragged sequence. Fed as a
     # batch of one-token rows, decoder masks degenerate and only vLLM's
     # attention mixes tokens.
     token_ids = input_ids.reshape(-1, 1)
-    inputs = {"token_ids": token_ids, "padding_mask": torch.ones_like(token_ids)}
-    # Gemma4's backbone takes each token's position as an input too.
-    input_names = {tensor.name for tensor in keras.tree.flatten(backbone.input)}
-    if "position_ids" in input_names:
-        inputs["position_ids"] = positions.reshape(-1, 1)
-    return inputs
+    return text_forward(
+        backbone, token_ids, torch.ones_like(token_ids), positions.reshape(-1, 1)
+    )
 
 
 class KerasHubForCausalLM(nn.Module):
@@ -288,10 +285,7 @@ class KerasHubForCausalLM(nn.Module):
             positions=torch.zeros_like(input_ids),
             kv_caches=list(range(len(transformer_layers))),
         ):
-            backbone(
-                _token_inputs(backbone, input_ids, torch.zeros_like(input_ids)),
-                training=False,
-            )
+            _forward(backbone, input_ids, torch.zeros_like(input_ids))
         self._check_routes(callers, transformer_layers)
         return specs, callers
 
@@ -361,9 +355,7 @@ class KerasHubForCausalLM(nn.Module):
             positions=positions,
             kv_caches=self.attention,
         ):
-            hidden_states = self.backbone(
-                _token_inputs(self.backbone, input_ids, positions), training=False
-            )
+            hidden_states = _forward(self.backbone, input_ids, positions)
         if len(callers) != len(self._route_layers) or any(
             a is not b for a, b in zip(callers, self._route_layers)
         ):
