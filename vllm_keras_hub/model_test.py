@@ -13,6 +13,7 @@ from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing.oracle import keras_hub_greedy
 from vllm_keras_hub.testing.oracle import keras_hub_greedy_full_forward
+from vllm_keras_hub.testing.presets import MULTIMODAL
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import WINDOW
 from vllm_keras_hub.testing.presets import build_tiny_preset
@@ -212,3 +213,20 @@ def test_gemma4_task_logit_cap_reaches_the_logprobs(tmp_path):
     assert len(served) >= 3
     for token_id, logprob in served.items():
         assert logprob.logprob == pytest.approx(float(expected[token_id]), abs=1e-4)
+
+
+@pytest.mark.parametrize("family", sorted(MULTIMODAL))
+def test_multimodal_presets_serve_text_as_generate(family, tmp_path):
+    """Presets with media encoders (as all published Gemma3n/Gemma4 ones).
+
+    Their backbones' graphs demand image/audio inputs; serving runs their
+    text path, and matches `generate()` on text prompts.
+    """
+    preset = build_tiny_preset(family, str(tmp_path), multimodal=True)
+    prompts = PROMPTS[2:5]
+    expected = keras_hub_greedy(preset, prompts, MAX_NEW_TOKENS)
+    with in_process_llm(f"keras_hub:{preset}") as llm:
+        outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    for output, (prompt_ids, generated_ids) in zip(outputs, expected):
+        assert output.prompt_token_ids == prompt_ids
+        assert list(output.outputs[0].token_ids) == generated_ids

@@ -260,12 +260,73 @@ _TOKENIZER_FAMILY = {"gemma2": "gemma", "phi3_su": "phi3"}
 NEEDS_TENSORFLOW = ("gemma3", "gemma3n", "gemma4")
 
 
-def backbone_kwargs(family, vocabulary_size):
+def _gemma4_vision_encoder(vocabulary_size):
+    from keras_hub.src.models.gemma4.gemma4_vision_encoder import (
+        Gemma4VisionEncoder,
+    )
+
+    return dict(
+        image_size=32,
+        vision_encoder=Gemma4VisionEncoder(
+            image_size=32,
+            patch_size=8,
+            num_heads=2,
+            hidden_dim=32,
+            num_layers=1,
+            intermediate_dim=64,
+            head_dim=16,
+            output_dim=128,
+            pool_size=2,
+        ),
+    )
+
+
+def _gemma3n_audio_encoder(vocabulary_size):
+    from keras_hub.src.models.gemma3n.gemma3n_audio_encoder import (
+        Gemma3nAudioEncoder,
+    )
+
+    # Gemma3nBackbone's docstring example, with the encoder's argument names.
+    encoder = Gemma3nAudioEncoder(
+        hidden_size=8,
+        input_feat_size=32,
+        sscp_conv_channel_size=[4, 8],
+        sscp_conv_kernel_size=[(3, 3), (3, 3)],
+        sscp_conv_stride_size=[(2, 2), (2, 2)],
+        sscp_conv_group_norm_eps=1e-5,
+        num_hidden_layers=1,
+        rms_norm_eps=1e-6,
+        gradient_clipping=1.0,
+        residual_weight=0.5,
+        num_attention_heads=1,
+        attention_chunk_size=4,
+        num_attention_context_right=5,
+        num_attention_context_left=5,
+        attention_logit_cap=50.0,
+        conv_kernel_size=5,
+        reduction_factor=1,
+    )
+    # As in the published presets, the audio soft tokens are the vocabulary's
+    # last ids (the embedding processor embeds them with the audio embedder).
+    return dict(
+        audio_encoder_config=encoder.get_config(),
+        audio_vocab_offset=vocabulary_size - 64,
+        audio_vocab_size=64,
+    )
+
+
+# Families whose published presets all carry media encoders -> the backbone
+# arguments adding a tiny one (Gemma4: images; Gemma3n: audio).
+MULTIMODAL = {"gemma4": _gemma4_vision_encoder, "gemma3n": _gemma3n_audio_encoder}
+
+
+def backbone_kwargs(family, vocabulary_size, multimodal=False):
     """The keyword arguments of `family`'s tiny backbone.
 
     Args:
         family: A key of `TINY_FAMILIES`.
         vocabulary_size: The tokenizer's vocabulary size.
+        multimodal: With a tiny media encoder, for a key of `MULTIMODAL`.
     """
     _, _, kwargs = TINY_FAMILIES[family]
     vocabulary = {
@@ -273,10 +334,11 @@ def backbone_kwargs(family, vocabulary_size):
         for name in _VOCABULARY_ARGS.get(family, ("vocabulary_size",))
     }
     common = {} if family in _OWN_DIMS else _COMMON
-    return {**vocabulary, **common, **kwargs}
+    media = MULTIMODAL[family](vocabulary_size) if multimodal else {}
+    return {**vocabulary, **common, **kwargs, **media}
 
 
-def build_tiny_preset(family, directory, seed=0, logit_scale=None):
+def build_tiny_preset(family, directory, seed=0, logit_scale=None, multimodal=False):
     """Saves a tiny random-weight preset of `family` into `directory`.
 
     Args:
@@ -287,6 +349,7 @@ def build_tiny_preset(family, directory, seed=0, logit_scale=None):
             near-flat logits; the family default (20 for most) widens them so
             greedy argmax ties (which kernels may break differently) are
             vanishingly rare. 1.0 keeps them flat, for sampling tests.
+        multimodal: With a tiny media encoder, for a key of `MULTIMODAL`.
 
     Returns:
         `directory`.
@@ -295,7 +358,7 @@ def build_tiny_preset(family, directory, seed=0, logit_scale=None):
     keras.utils.set_random_seed(seed)
     tokenizer = make_tokenizer(_TOKENIZER_FAMILY.get(family, family))
     backbone = getattr(keras_hub.models, backbone_name)(
-        **backbone_kwargs(family, tokenizer.vocabulary_size())
+        **backbone_kwargs(family, tokenizer.vocabulary_size(), multimodal)
     )
     if logit_scale is None:
         logit_scale = _LOGIT_SCALE.get(family, DEFAULT_LOGIT_SCALE)
