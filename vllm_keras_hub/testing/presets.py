@@ -234,11 +234,25 @@ TINY_FAMILIES = {
         ),
     ),
 }
+# Gemma4 26B-A4B style: every layer runs a dense MLP beside a routed MoE
+# block; KV-sharing layers get a double-wide MLP (E2B style).
+TINY_FAMILIES["gemma4_moe"] = (
+    "Gemma4CausalLM",
+    "Gemma4Backbone",
+    dict(
+        TINY_FAMILIES["gemma4"][2],
+        enable_moe_block=True,
+        num_experts=4,
+        expert_intermediate_dim=64,
+        num_experts_per_token=2,
+        use_double_wide_mlp=True,
+    ),
+)
 
 # Backbone arguments that take the tokenizer's vocabulary size.
 _VOCABULARY_ARGS = {"gemma3n": ("text_vocab_size", "vocab_size_per_layer_input")}
 # Backbones whose kwargs above name all their dims (not `_COMMON`'s names).
-_OWN_DIMS = ("gemma3n", "gemma4")
+_OWN_DIMS = ("gemma3n", "gemma4", "gemma4_moe")
 
 # With small-init layers and the embeddings scaled by `logit_scale`, the
 # residual stream mostly echoes the input token: prompts ending in the same
@@ -250,14 +264,20 @@ DEFAULT_LAYER_KERNEL_SCALE = 4.0
 # Gemma2/3's post-norms bound each layer's update, so wide embeddings (Gemma
 # also multiplies them by sqrt(hidden_dim)) drown the context: keep them as
 # initialised.
-_LOGIT_SCALE = {"gemma2": 1.0, "gemma3": 1.0, "gemma3n": 1.0, "gemma4": 1.0}
+_LOGIT_SCALE = {
+    "gemma2": 1.0,
+    "gemma3": 1.0,
+    "gemma3n": 1.0,
+    "gemma4": 1.0,
+    "gemma4_moe": 1.0,
+}
 DEFAULT_LOGIT_SCALE = 20.0
 
-_TOKENIZER_FAMILY = {"gemma2": "gemma", "phi3_su": "phi3"}
+_TOKENIZER_FAMILY = {"gemma2": "gemma", "phi3_su": "phi3", "gemma4_moe": "gemma4"}
 # Gemma3's, Gemma3n's and Gemma4's CausalLMPreprocessor assert TensorFlow is
 # installed (for their image path) even for text; these presets carry their
 # tokenizer alone.
-NEEDS_TENSORFLOW = ("gemma3", "gemma3n", "gemma4")
+NEEDS_TENSORFLOW = ("gemma3", "gemma3n", "gemma4", "gemma4_moe")
 
 
 def _gemma4_vision_encoder(vocabulary_size):
