@@ -140,6 +140,31 @@ def _forward(backbone, input_ids, positions):
     )
 
 
+def _check_kv_sharing(specs):
+    """Raises `RouteError` unless each KV-sharing layer fits its target's cache.
+
+    vLLM hands the sharing layer its target's cache as is: it must be an
+    earlier layer with the same KV heads and head size.
+    """
+    for index, spec in enumerate(specs):
+        target = spec.kv_sharing_target
+        if target is None:
+            continue
+        if not 0 <= target < index or specs[target].kv_sharing_target is not None:
+            raise RouteError(
+                f"Layer {index} shares the K/V of layer {target}, which is not "
+                "an earlier layer with a cache of its own."
+            )
+        mine = (spec.num_kv_heads, spec.head_size)
+        theirs = (specs[target].num_kv_heads, specs[target].head_size)
+        if mine != theirs:
+            raise RouteError(
+                f"Layer {index} reads the K/V of layer {target} as "
+                f"{mine[0]} heads of {mine[1]}, but that layer caches "
+                f"{theirs[0]} heads of {theirs[1]}."
+            )
+
+
 class KerasHubForCausalLM(nn.Module):
     """A KerasHub `CausalLM` preset served by vLLM's model runner.
 
@@ -190,6 +215,7 @@ class KerasHubForCausalLM(nn.Module):
         )
         routes.install(backbone, self.family)
         specs, route_layers = self._probe(backbone)
+        _check_kv_sharing(specs)
         device = self.vllm_config.device_config.device
         with set_current_vllm_config(self.vllm_config), torch.device(device):
             self.attention = nn.ModuleList(
