@@ -93,7 +93,8 @@ def record_features(family, model):
         window=any(spec.sliding_window for spec in specs),
         soft_cap=any(spec.soft_cap for spec in specs),
         sinks=any(getattr(spec, "sinks", None) is not None for spec in specs),
-        moe="num_experts" in model.backbone.get_config(),
+        # Gemma4 configs name `num_experts` (None) without MoE.
+        moe=bool(model.backbone.get_config().get("num_experts")),
     )
 
 

@@ -282,3 +282,27 @@ def test_gemma4_hands_vllm_per_layer_head_sizes_and_its_soft_cap():
             np.arange(NUM_TOKENS)[:, None],
         )
     assert options == [(32, 2, 1.0, 50.0), (128, 1, 1.0, 50.0)] * 2
+
+
+def test_gemma4_drafter_backbone_is_refused():
+    # A drafter (`*_assistant` preset) shares every layer's K/V with the
+    # target model's cache: nothing in its own model to point vLLM at.
+    _, backbone_name, _ = TINY_FAMILIES["gemma4"]
+    kwargs = {**backbone_kwargs("gemma4", 64), "num_kv_shared_layers": 4}
+    backbone = getattr(keras_hub.models, backbone_name)(**kwargs)
+    with pytest.raises(ValueError, match="drafter"):
+        routes.install(backbone, family_of("gemma4"))
+
+
+def test_gemma4_bidirectional_embedding_model_is_refused():
+    backbone = tiny_backbone("gemma4")
+    routes.install(backbone, family_of("gemma4"))
+    for block in backbone.transformer_layers:
+        block.attention.use_bidirectional_attention = True
+    with pytest.raises(ValueError, match="bidirectional attention"):
+        with vllm_context_scope(
+            paged_attention_func=reference_attention,
+            positions=torch.arange(4),
+            kv_caches=kv_caches(backbone),
+        ):
+            hidden_states(backbone, np.arange(1, 5)[:, None], np.arange(4)[:, None])
