@@ -75,6 +75,34 @@ GEMMA_TEMPLATE = r"""{{- bos_token }}
     {{- '<start_of_turn>model\n' }}
 {%- endif %}"""
 
+# google/gemma-4-*-it, text only, thinking off, no tools: turns open with
+# `<|turn>ROLE\n` and close with `<turn|>` (the stop token Gemma4CausalLM's
+# generate() adds), and the model turn is "model". Unlike Gemma 1-3, a system
+# (or developer) message has a turn of its own. `<|turn>` and `<turn|>` are
+# special pieces of Gemma 4's SentencePiece proto, so single tokens. Thinking
+# (`<|think|>`, `<|channel>` blocks) and tool calls need the preset's own
+# template.
+GEMMA4_TEMPLATE = r"""{{- bos_token }}
+{%- if messages and messages[0]['role'] in ['system', 'developer'] %}
+    {{- '<|turn>system\n' + messages[0]['content'] | trim + '<turn|>\n' }}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- for message in loop_messages %}
+    {%- if message['role'] not in ['user', 'assistant'] %}
+        {{- raise_exception('Gemma 4 roles here are system, user and assistant: tool calling needs the model\'s own chat template.') }}
+    {%- endif %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- set role = 'model' if message['role'] == 'assistant' else 'user' %}
+    {{- '<|turn>' + role + '\n' + message['content'] | trim + '<turn|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|turn>model\n' }}
+{%- endif %}"""
+
 # meta-llama/Meta-Llama-3-8B-Instruct. Llama 3.1 and 3.2 templates also
 # write "Cutting Knowledge Date" / "Today Date" lines into the system turn
 # and handle tools; the turns are the same. Every control string here is a
@@ -245,12 +273,12 @@ _QWEN3 = ChatFormat(QWEN3_TEMPLATE, ("<|im_end|>",))
 
 # Families not listed have no maintained format: base-only families (GPT-2,
 # OPT, ...), and formats too involved to keep faithfully here (SmolLM3's
-# metadata system turn and reasoning modes, GPT-OSS's harmony, Gemma 4,
-# Qwen3.5).
+# metadata system turn and reasoning modes, GPT-OSS's harmony, Qwen3.5).
 _CHAT_FORMATS = {
     "gemma": _GEMMA,
     "gemma3": _GEMMA,
     "gemma3n": _GEMMA,
+    "gemma4": ChatFormat(GEMMA4_TEMPLATE, ("<turn|>",)),
     "llama": ChatFormat(LLAMA2_TEMPLATE, ("</s>",)),
     "llama3": ChatFormat(LLAMA3_TEMPLATE, ("<|eot_id|>",)),
     "mistral": _MISTRAL,

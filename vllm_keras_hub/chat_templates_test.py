@@ -11,6 +11,7 @@ _SPECIAL_TOKENS = {
     "gemma": ("<bos>", "<eos>"),
     "gemma3": ("<bos>", "<eos>"),
     "gemma3n": ("<bos>", "<eos>"),
+    "gemma4": ("<bos>", "<eos>"),
     "llama": ("<s>", "</s>"),
     "llama3": ("<|begin_of_text|>", "<|eot_id|>"),
     "mistral": ("<s>", "</s>"),
@@ -51,6 +52,13 @@ EXPECTED = {
     "gemma": _GEMMA,
     "gemma3": _GEMMA,
     "gemma3n": _GEMMA,
+    "gemma4": (
+        "<bos><|turn>system\nYou are terse.<turn|>\n"
+        "<|turn>user\nHi<turn|>\n"
+        "<|turn>model\nHello!<turn|>\n"
+        "<|turn>user\nHow are you?<turn|>\n"
+        "<|turn>model\n"
+    ),
     "llama": (
         "<s>[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi [/INST] Hello! </s>"
         "<s>[INST] How are you? [/INST]"
@@ -139,6 +147,11 @@ def test_gemma_without_system_and_trims_content():
     )
 
 
+def test_gemma4_without_system_and_trims_content():
+    rendered = _render("gemma4", [{"role": "user", "content": "  Hi \n"}])
+    assert rendered == "<bos><|turn>user\nHi<turn|>\n<|turn>model\n"
+
+
 def test_gemma_without_generation_prompt():
     rendered = _render("gemma3", CONVERSATION[:3], add_generation_prompt=False)
     assert rendered == (
@@ -214,6 +227,16 @@ def test_qwen3_enable_thinking_false_writes_empty_think_block():
             "qwen3",
             [{"role": "tool", "content": "42"}],
             "tool calling needs the model's own chat template",
+        ),
+        (
+            "gemma4",
+            [{"role": "tool", "content": "42"}],
+            "tool calling needs the model's own chat template",
+        ),
+        (
+            "gemma4",
+            [{"role": "assistant", "content": "Hi"}],
+            "Conversation roles must alternate",
         ),
     ],
 )

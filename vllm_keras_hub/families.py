@@ -34,8 +34,6 @@ class Family:
     unsupported_reason: str = ""
 
 
-_NO_ROUTE = "its attention layer has no paged-attention route yet"
-
 FAMILIES = (
     Family("gpt2", "GPT-2", "GPT2Backbone"),
     Family("opt", "OPT", "OPTBackbone"),
@@ -63,28 +61,12 @@ FAMILIES = (
     Family("bloom", "Bloom", "BloomBackbone", "vllm_keras_hub"),
     Family("falcon", "Falcon", "FalconBackbone", "vllm_keras_hub"),
     Family("gpt_oss", "GPT-OSS", "GptOssBackbone", "vllm_keras_hub"),
+    # KV sharing: the last `num_kv_shared_layers` layers attend over an
+    # earlier layer's cache (routes.KV_SHARING_TARGETS).
     Family(
-        "gemma3n",
-        "Gemma3n",
-        "Gemma3nBackbone",
-        None,
-        ("<end_of_turn>",),
-        _NO_ROUTE
-        + ": its last `num_kv_shared_layers` layers attend over an earlier "
-        "layer's keys and values (KV sharing), which needs a vLLM `Attention` "
-        "with `kv_sharing_target_layer_name` and no cache of its own",
+        "gemma3n", "Gemma3n", "Gemma3nBackbone", "vllm_keras_hub", ("<end_of_turn>",)
     ),
-    Family(
-        "gemma4",
-        "Gemma4",
-        "Gemma4Backbone",
-        None,
-        (),
-        _NO_ROUTE
-        + ": KV sharing in its last `num_kv_shared_layers` layers (as Gemma3n), "
-        "and global layers with their own head size and KV heads "
-        "(`global_head_dim`, `num_global_key_value_heads`)",
-    ),
+    Family("gemma4", "Gemma4", "Gemma4Backbone", "vllm_keras_hub", ("<turn|>",)),
     Family(
         "qwen3_5",
         "Qwen3.5",

@@ -23,6 +23,8 @@ def test_routed_families_are_keras_hub_routes_and_ours():
         "Bloom",
         "Falcon",
         "GPT-OSS",
+        "Gemma3n",
+        "Gemma4",
     ]
 
 
@@ -48,3 +50,15 @@ def test_unknown_backbone_is_refused_with_the_supported_list():
 def test_family_without_route_says_why():
     with pytest.raises(families.UnsupportedFamilyError, match="recurrent state"):
         families.family_for_backbone("RWKV7Backbone")
+
+
+@pytest.mark.parametrize(
+    "backbone, stop_tokens",
+    [("Gemma3nBackbone", ("<end_of_turn>",)), ("Gemma4Backbone", ("<turn|>",))],
+)
+def test_kv_sharing_families_are_routed_with_their_turn_end(backbone, stop_tokens):
+    # Each `generate()` also stops on its turn end: Gemma3n's `<end_of_turn>`,
+    # Gemma4's `<turn|>`.
+    family = families.family_for_backbone(backbone)
+    assert family.route == "vllm_keras_hub"
+    assert family.stop_tokens == stop_tokens

@@ -27,6 +27,7 @@ from vllm_keras_hub import families
 from vllm_keras_hub import routes
 from vllm_keras_hub.backend import require_torch_backend
 from vllm_keras_hub.direct_calls import use_direct_calls
+from vllm_keras_hub.text_forward import text_forward
 
 LOAD_FORMAT = "keras_hub"
 
@@ -50,6 +51,9 @@ class AttentionSpec:
             scale as `slope * (key_position - query_position)`, or `None`.
         sinks: Per-query-head learned attention-sink logits, each an extra
             softmax column with no value (GPT-OSS), or `None`.
+        kv_sharing_target: Index of the earlier layer whose keys and values
+            this layer attends over, with no cache of its own (Gemma3n and
+            Gemma4's last `num_kv_shared_layers`), or `None`.
     """
 
     num_heads: int
@@ -60,6 +64,7 @@ class AttentionSpec:
     soft_cap: float | None
     alibi_slopes: tuple[float, ...] | None = None
     sinks: tuple[float, ...] | None = None
+    kv_sharing_target: int | None = None
 
 
 def _routing_attention_layer():
@@ -78,13 +83,10 @@ def _routing_attention_layer():
 
 
 def _transformer_layers(backbone):
-    layers = getattr(backbone, "transformer_layers", None)
-    if layers is None:
-        raise RouteError(
-            f"{type(backbone).__name__} has no `transformer_layers`; "
-            "vllm-keras-hub cannot map its attention to vLLM."
-        )
-    return list(layers)
+    try:
+        return routes.transformer_layers(backbone)
+    except ValueError as e:
+        raise RouteError(str(e)) from e
 
 
 def _layer_owners(transformer_layers):
@@ -117,12 +119,56 @@ def backbone_dtype(preset, dtype):
     return dtype
 
 
-def _token_inputs(input_ids):
+def task_final_logit_cap(preset):
+    """The soft cap a preset's task, not its backbone, puts on the logits.
+
+    `Gemma4CausalLM(final_logit_cap=...)` caps the logits again after the
+    backbone's own `final_logit_soft_cap`; `None` where the preset's
+    `task.json` sets none (or it has none).
+    """
+    from keras_hub.src.utils.preset_utils import TASK_CONFIG_FILE
+    from keras_hub.src.utils.preset_utils import check_file_exists
+    from keras_hub.src.utils.preset_utils import load_json
+
+    if not check_file_exists(preset, TASK_CONFIG_FILE):
+        return None
+    cap = load_json(preset, TASK_CONFIG_FILE).get("config", {}).get("final_logit_cap")
+    return float(cap) if cap else None
+
+
+def _forward(backbone, input_ids, positions):
     # vLLM packs the tokens of all requests into one ragged sequence. Fed as a
     # batch of one-token rows, decoder masks degenerate and only vLLM's
     # attention mixes tokens.
     token_ids = input_ids.reshape(-1, 1)
-    return {"token_ids": token_ids, "padding_mask": torch.ones_like(token_ids)}
+    return text_forward(
+        backbone, token_ids, torch.ones_like(token_ids), positions.reshape(-1, 1)
+    )
+
+
+def _check_kv_sharing(specs):
+    """Raises `RouteError` unless each KV-sharing layer fits its target's cache.
+
+    vLLM hands the sharing layer its target's cache as is: it must be an
+    earlier layer with the same KV heads and head size.
+    """
+    for index, spec in enumerate(specs):
+        target = spec.kv_sharing_target
+        if target is None:
+            continue
+        if not 0 <= target < index or specs[target].kv_sharing_target is not None:
+            raise RouteError(
+                f"Layer {index} shares the K/V of layer {target}, which is not "
+                "an earlier layer with a cache of its own."
+            )
+        mine = (spec.num_kv_heads, spec.head_size)
+        theirs = (specs[target].num_kv_heads, specs[target].head_size)
+        if mine != theirs:
+            raise RouteError(
+                f"Layer {index} reads the K/V of layer {target} as "
+                f"{mine[0]} heads of {mine[1]}, but that layer caches "
+                f"{theirs[0]} heads of {theirs[1]}."
+            )
 
 
 # vLLM compiles `forward` (unless enforce_eager) with dynamic token counts.
@@ -157,6 +203,7 @@ class KerasHubForCausalLM(nn.Module):
         self.vllm_config = vllm_config
         self.prefix = prefix
         self.backbone = None
+        self._final_logit_cap = None
         self.attention = nn.ModuleList()
         self._route_layers = []
 
@@ -177,6 +224,7 @@ class KerasHubForCausalLM(nn.Module):
         routes.install(backbone, self.family)
         use_direct_calls(backbone)
         specs, route_layers = self._probe(backbone)
+        _check_kv_sharing(specs)
         device = self.vllm_config.device_config.device
         with set_current_vllm_config(self.vllm_config), torch.device(device):
             self.attention = nn.ModuleList(
@@ -191,7 +239,12 @@ class KerasHubForCausalLM(nn.Module):
                     alibi_slopes=(
                         None if spec.alibi_slopes is None else list(spec.alibi_slopes)
                     ),
-                    prefix=f"{self.prefix}attention.{index}",
+                    prefix=self._attention_prefix(index),
+                    kv_sharing_target_layer_name=(
+                        None
+                        if spec.kv_sharing_target is None
+                        else self._attention_prefix(spec.kv_sharing_target)
+                    ),
                     # Only where used: not every backend's impl takes `sinks`.
                     **(
                         {}
@@ -202,9 +255,15 @@ class KerasHubForCausalLM(nn.Module):
                 for index, spec in enumerate(specs)
             )
         self.backbone = backbone
+        self._final_logit_cap = task_final_logit_cap(self.preset)
         self.attention_specs = specs
         self._route_layers = route_layers
         self._dtype = self.vllm_config.model_config.dtype
+
+    def _attention_prefix(self, index):
+        # vLLM's layer name for the `Attention` of transformer layer `index`;
+        # it orders KV caches by the integer in it.
+        return f"{self.prefix}attention.{index}"
 
     def _probe(self, backbone):
         """Runs one token through `backbone`, recording each route's options.
@@ -229,6 +288,7 @@ class KerasHubForCausalLM(nn.Module):
             soft_cap=None,
             alibi_slopes=None,
             sinks=None,
+            kv_sharing_target=None,
         ):
             callers.append(_routing_attention_layer())
             specs.append(
@@ -249,6 +309,7 @@ class KerasHubForCausalLM(nn.Module):
                         if sinks is None
                         else tuple(torch.as_tensor(sinks).float().flatten().tolist())
                     ),
+                    kv_sharing_target=kv_sharing_target,
                 )
             )
             return cache, torch.zeros_like(query)
@@ -259,7 +320,7 @@ class KerasHubForCausalLM(nn.Module):
             positions=torch.zeros_like(input_ids),
             kv_caches=list(range(len(transformer_layers))),
         ):
-            backbone(_token_inputs(input_ids), training=False)
+            _forward(backbone, input_ids, torch.zeros_like(input_ids))
         self._check_routes(callers, transformer_layers)
         return specs, callers
 
@@ -290,8 +351,8 @@ class KerasHubForCausalLM(nn.Module):
         )
 
     def embed_input_ids(self, input_ids):
-        """The token embedding alone (family-specific scaling excluded)."""
-        return self.backbone.token_embedding(input_ids)
+        """The token embedding (Gemma3n's includes its embedding scale)."""
+        return routes.token_embedding(self.backbone)(input_ids)
 
     def forward(
         self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None
@@ -317,6 +378,9 @@ class KerasHubForCausalLM(nn.Module):
         def paged_attention(attention, query, key, value, *args, **kwargs):
             routed.append(attention)
             dtype = self._dtype
+            if attention.kv_sharing_target_layer_name is not None:
+                # It attends over its target's cache and writes none.
+                return attention, attention(query.to(dtype), None, None)
             return attention, attention(
                 query.to(dtype), key.to(dtype), value.to(dtype)
             )
@@ -326,7 +390,7 @@ class KerasHubForCausalLM(nn.Module):
             positions=positions,
             kv_caches=self.attention,
         ):
-            hidden_states = self.backbone(_token_inputs(input_ids), training=False)
+            hidden_states = _forward(self.backbone, input_ids, positions)
         # The start-up probe named the routing layers; a step that routed
         # differently (a layer that fell back to its own attention) must not
         # return. Under torch.compile this is decided once, while tracing.
@@ -343,6 +407,11 @@ class KerasHubForCausalLM(nn.Module):
         """Logits through the backbone's own (possibly tied) output embedding.
 
         KerasHub's `ReversibleEmbedding` also applies a family's final logit
-        soft cap (Gemma2).
+        soft cap (Gemma2); a task-level one (Gemma4's `final_logit_cap`)
+        follows.
         """
-        return self.backbone.token_embedding(hidden_states, reverse=True)
+        logits = routes.token_embedding(self.backbone)(hidden_states, reverse=True)
+        cap = self._final_logit_cap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits

@@ -55,3 +55,37 @@ def test_family_without_route_fails_at_start_up(tmp_path, monkeypatch):
     ):
         with in_process_llm(f"keras_hub:{tmp_path}"):
             pass
+
+
+def _spec(num_kv_heads=2, head_size=32, kv_sharing_target=None):
+    from vllm_keras_hub.model import AttentionSpec
+
+    return AttentionSpec(
+        num_heads=4,
+        head_size=head_size,
+        num_kv_heads=num_kv_heads,
+        scale=1.0,
+        sliding_window=None,
+        soft_cap=None,
+        kv_sharing_target=kv_sharing_target,
+    )
+
+
+@pytest.mark.parametrize(
+    "specs, message",
+    [
+        ([_spec(), _spec(kv_sharing_target=1)], "not an earlier layer"),
+        (
+            [_spec(), _spec(kv_sharing_target=0), _spec(kv_sharing_target=1)],
+            "not an earlier layer with a cache of its own",
+        ),
+        ([_spec(), _spec(head_size=64, kv_sharing_target=0)], "2 heads of 64"),
+    ],
+)
+def test_kv_sharing_layer_must_fit_its_targets_cache(specs, message):
+    from vllm_keras_hub.model import RouteError
+    from vllm_keras_hub.model import _check_kv_sharing
+
+    with pytest.raises(RouteError, match=message):
+        _check_kv_sharing(specs)
+    _check_kv_sharing([_spec(), _spec(), _spec(kv_sharing_target=0)])

@@ -89,7 +89,17 @@ def model_dims(backbone_config):
     Multi-head configs name `num_heads`; grouped-query ones name
     `num_query_heads` (SmolLM3: `num_attention_heads`) and
     `num_key_value_heads`; Gemma and Mistral name an explicit `head_dim`.
+    Gemma3n names its text dims as Hugging Face does (`text_hidden_size`,
+    `num_hidden_layers`, `text_vocab_size`, `max_position_embeddings`).
     """
+    if "text_hidden_size" in backbone_config:
+        backbone_config = {
+            **backbone_config,
+            "hidden_dim": backbone_config["text_hidden_size"],
+            "vocabulary_size": backbone_config["text_vocab_size"],
+            "num_layers": backbone_config["num_hidden_layers"],
+            "max_sequence_length": backbone_config["max_position_embeddings"],
+        }
     hidden = backbone_config["hidden_dim"]
     heads = (
         backbone_config.get("num_query_heads")

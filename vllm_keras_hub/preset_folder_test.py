@@ -73,6 +73,8 @@ def test_learned_positions_cap_the_context(tiny):
         ("llama3", ["<|end_of_text|>", "<|eot_id|>"]),
         ("gemma3", ["<eos>", "<end_of_turn>"]),
         ("gemma", ["<eos>", "<end_of_turn>"]),  # the chat format's turn end
+        ("gemma3n", ["<eos>", "<end_of_turn>"]),
+        ("gemma4", ["<eos>", "<turn|>"]),
         ("gpt2", ["<|endoftext|>"]),
     ],
 )
@@ -91,6 +93,8 @@ def test_stop_ids_are_generates_and_the_chat_formats(tiny, family, stop_tokens):
     [
         ("gemma", {"do_sample": False, "temperature": 0.0}),
         ("gemma3", {"do_sample": False, "temperature": 0.0}),
+        ("gemma3n", {"do_sample": False, "temperature": 0.0}),
+        ("gemma4", {"do_sample": False, "temperature": 0.0}),
         ("mistral", {"do_sample": True, "temperature": 1.0, "top_k": 5}),
     ],
 )
@@ -137,6 +141,29 @@ def test_model_dims_reads_smollm3_attention_heads():
     assert dims["num_attention_heads"] == 4
     assert dims["num_key_value_heads"] == 2
     assert dims["head_dim"] == 32
+
+
+def test_model_dims_reads_gemma3n_text_names():
+    dims = preset_folder.model_dims(
+        {
+            "text_vocab_size": 600,
+            "text_hidden_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "max_position_embeddings": 256,
+        }
+    )
+    assert dims == {
+        "vocab_size": 600,
+        "hidden_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "max_position_embeddings": 256,
+    }
 
 
 def test_chat_template_is_the_familys_or_a_clear_refusal(tiny):
@@ -193,3 +220,30 @@ def _finished_pid():
     process = subprocess.Popen(["true"])
     process.wait()
     return process.pid
+
+
+def test_gemma4_chat_prompt_tokenizes_its_turn_pieces_whole(tiny):
+    from transformers import AutoTokenizer
+
+    folder = preset_folder.ModelFolder(tiny("gemma4"))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder.path)
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Hi"}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        # As vLLM tokenizes a rendered chat prompt.
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        keras_tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(tiny("gemma4"))
+        turn, turn_end = (
+            keras_tokenizer.token_to_id(token) for token in ("<|turn>", "<turn|>")
+        )
+        text = "<|turn>user\nHi<turn|>\n<|turn>model\n"
+        expected = [keras_tokenizer.start_token_id] + [
+            int(i) for i in keras_tokenizer(text)
+        ]
+        assert list(ids) == expected
+        assert expected.count(turn) == 2 and expected.count(turn_end) == 1
+    finally:
+        folder.cleanup()

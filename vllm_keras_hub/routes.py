@@ -22,15 +22,54 @@ from keras_hub.src.vllm.attention import vllm_paged_attention
 from keras_hub.src.vllm.context import get_vllm_context
 
 
+def transformer_layers(backbone):
+    """The backbone's transformer layers, one attention layer each.
+
+    Gemma3n keeps them in its text model (`language_model`), not on the
+    backbone.
+
+    Raises:
+        ValueError: the backbone has none.
+    """
+    for owner in (backbone, getattr(backbone, "language_model", None)):
+        layers = getattr(owner, "transformer_layers", None)
+        if layers is not None:
+            return list(layers)
+    raise ValueError(
+        f"{type(backbone).__name__} has no `transformer_layers`; "
+        "vllm-keras-hub cannot map its attention to vLLM."
+    )
+
+
+def token_embedding(backbone):
+    """The backbone's token embedding, also its (tied) output projection.
+
+    Gemma3n's is its text model's `token_embedding` (embedding scale and
+    final logit soft cap included); `backbone.token_embedding` is `None`.
+    """
+    if backbone.token_embedding is not None:
+        return backbone.token_embedding
+    return backbone.language_model.token_embedding
+
+
 def _paged_attention(
-    query, key, value, scale, num_kv_heads=None, sliding_window=None, **options
+    query,
+    key,
+    value,
+    scale,
+    num_kv_heads=None,
+    sliding_window=None,
+    soft_cap=None,
+    **options,
 ):
     """keras-hub's `vllm_paged_attention`, with options it does not forward.
 
     The bridge hands `paged_attention_func` only `sliding_window` and
-    `soft_cap`. For this one call, `options` (e.g. `alibi_slopes`, `sinks`)
-    are bound onto the context's function, so the bridge's own cache
-    bookkeeping and reshapes stay the only ones.
+    `soft_cap` (always, so those two must go through the bridge: bound here
+    they would be overridden). For this one call, `options` (e.g.
+    `alibi_slopes`, `sinks`, `kv_sharing_target`) are bound onto the
+    context's function, so the bridge's own cache bookkeeping and reshapes
+    stay the only ones.
     """
     context = get_vllm_context()
     paged_attention_func = context.paged_attention_func
@@ -43,6 +82,7 @@ def _paged_attention(
             scale,
             num_kv_heads=num_kv_heads,
             sliding_window=sliding_window,
+            soft_cap=soft_cap,
         )
     finally:
         context.paged_attention_func = paged_attention_func
@@ -338,6 +378,121 @@ def _gpt_oss(layer, hidden_states, positions):
     return layer.output_dense(output)
 
 
+def _kv_placeholder(query, num_kv_heads):
+    # keras-hub's bridge reads the KV head count from `key` and reshapes K/V;
+    # a KV-sharing layer's vLLM `Attention` reads the target's cache instead,
+    # and the serving model hands it no K/V at all.
+    return ops.zeros_like(query[:, :, :num_kv_heads, :])
+
+
+def _gemma3n(layer, hidden_states, positions):
+    # `Gemma3nTextAttention`: q/k RMSNorm before RoPE, a scale-free RMSNorm on
+    # V, softmax scale 1, local and global RoPE bases and the window set per
+    # layer. A KV-sharing layer computes only its query and attends over its
+    # target's cache (`kv_sharing_target`).
+    num_tokens = ops.shape(hidden_states)[0]
+    heads = (num_tokens, 1, layer.num_attention_heads, layer.head_dim)
+    kv_heads = (num_tokens, 1, layer.num_key_value_heads, layer.head_dim)
+    query = layer.q_norm(ops.reshape(layer.q_proj(hidden_states), heads))
+    query = layer.rotary_embedding(query, positions=positions)
+    if layer._vllm_kv_sharing_target is None:
+        key = layer.k_norm(ops.reshape(layer.k_proj(hidden_states), kv_heads))
+        key = layer.rotary_embedding(key, positions=positions)
+        value = layer.v_norm(ops.reshape(layer.v_proj(hidden_states), kv_heads))
+    else:
+        key = value = _kv_placeholder(query, layer.num_key_value_heads)
+    output = _paged_attention(
+        query,
+        key,
+        value,
+        1.0,
+        num_kv_heads=layer.num_key_value_heads,
+        # Its mask keeps `|query - key| < sliding_window`: `sliding_window`
+        # tokens, query included, as vLLM counts them.
+        sliding_window=layer.sliding_window,
+        kv_sharing_target=layer._vllm_kv_sharing_target,
+    )
+    output = ops.reshape(output, (num_tokens, 1, -1))
+    return layer.o_proj(output)
+
+
+def _gemma4(layer, hidden_states, positions):
+    # `Gemma4TextAttention`: as Gemma3n's, plus per-layer head size and KV
+    # heads (global layers: `global_head_dim`, and K=V from one projection
+    # with `num_global_key_value_heads`), partial RoPE on global layers and
+    # an optional logit soft cap. KV-sharing layers as in `_gemma3n`.
+    if layer.use_bidirectional_attention:
+        raise ValueError(
+            "Gemma4 with bidirectional attention (an embedding model) is not "
+            "a causal LM; vllm-keras-hub serves causal attention only."
+        )
+    query = layer.query_norm(layer.query_dense(hidden_states))
+    query = layer._apply_rope(query, 0, positions=positions)
+    num_kv_heads = layer.effective_num_kv_heads
+    if layer._vllm_kv_sharing_target is None:
+        projected = layer.key_dense(hidden_states)
+        key = layer._apply_rope(layer.key_norm(projected), 0, positions=positions)
+        if not layer.attention_k_eq_v:
+            projected = layer.value_dense(hidden_states)
+        value = layer.value_norm(projected)
+    else:
+        key = value = _kv_placeholder(query, num_kv_heads)
+    # The decoder block windows local layers only (`_compute_attention_mask`),
+    # keeping `sliding_window_size` tokens, query included.
+    sliding_window = None
+    if layer.use_sliding_window_attention and not layer.is_global_attention:
+        sliding_window = layer.sliding_window_size
+    output = _paged_attention(
+        query,
+        key,
+        value,
+        1.0,
+        num_kv_heads=num_kv_heads,
+        sliding_window=sliding_window,
+        soft_cap=layer.logit_soft_cap,
+        kv_sharing_target=layer._vllm_kv_sharing_target,
+    )
+    return layer.output_dense(output)
+
+
+def _gemma3n_kv_sharing_targets(backbone):
+    # `Gemma3nTextModel.call`: from `first_kv_shared_layer_idx` on (when it is
+    # above 0), a layer reuses the K/V of the last earlier non-shared layer
+    # of its `layer_types` entry.
+    text_model = backbone.language_model
+    first_shared = text_model.first_kv_shared_layer_idx
+    targets, last_of_type = [], {}
+    for index, layer_type in enumerate(text_model.layer_types):
+        if index >= first_shared > 0:
+            if layer_type not in last_of_type:
+                raise ValueError(
+                    f"Gemma3n layer {index} shares the K/V of an earlier "
+                    f"{layer_type} layer, but none precedes it."
+                )
+            targets.append(last_of_type[layer_type])
+        else:
+            last_of_type[layer_type] = index
+            targets.append(None)
+    return targets
+
+
+def _gemma4_kv_sharing_targets(backbone):
+    # `Gemma4Backbone` records each KV-sharing layer's source on its decoder
+    # block (`kv_shared_layer_index`); with every layer shared (a drafter
+    # reading another model's cache) there is no source in the model.
+    targets = []
+    for index, block in enumerate(backbone.transformer_layers):
+        target = block.kv_shared_layer_index if block.is_kv_shared_layer else None
+        if target is not None and not 0 <= target < index:
+            raise ValueError(
+                f"Gemma4 layer {index} shares the K/V of layer {target}, not an "
+                "earlier layer of this model (a drafter reading another "
+                "model's cache cannot be served on its own)."
+            )
+        targets.append(target)
+    return targets
+
+
 # Attention-layer class name -> the family route computing its output from
 # `(layer, hidden_states, positions)`, positions shaped `(num_tokens, 1)`.
 ROUTES = {
@@ -352,11 +507,26 @@ ROUTES = {
     "FalconAttention": _falcon,
     "GPTNeoXAttention": _gpt_neox,
     "GptOssAttention": _gpt_oss,
+    "Gemma3nTextAttention": _gemma3n,
+    "Gemma4TextAttention": _gemma4,
 }
 
 # Attention-layer classes whose `call` returns `(output, cache)` even when the
 # cache is `None`, as their decoders unpack it.
-RETURNS_CACHE_ALWAYS = ("GPTNeoXAttention",)
+RETURNS_CACHE_ALWAYS = ("GPTNeoXAttention", "Gemma4TextAttention")
+
+# Attention-layer classes whose `call` returns `(output, weights, cache)`.
+RETURNS_WEIGHTS_AND_CACHE = ("Gemma3nTextAttention",)
+
+# Attention-layer class name -> the index of the earlier layer whose K/V
+# each layer reads (`None`: its own), from the backbone. Read once at
+# install into each layer's `_vllm_kv_sharing_target`; the route passes it
+# on, and the serving model gives that layer's vLLM `Attention` the target's
+# cache (`kv_sharing_target_layer_name`).
+KV_SHARING_TARGETS = {
+    "Gemma3nTextAttention": _gemma3n_kv_sharing_targets,
+    "Gemma4TextAttention": _gemma4_kv_sharing_targets,
+}
 
 # Attention-layer class name -> its ALiBi slopes, as vLLM adds them (after the
 # softmax scale), from `(transformer_layer, attention_layer)`. Read once at
@@ -376,6 +546,8 @@ def _compute_vllm_attention(self, hidden_states, cache, vllm_context):
     positions = ops.reshape(vllm_context.positions, (-1, 1))
     name = type(self).__name__
     output = ROUTES[name](self, hidden_states, positions)
+    if name in RETURNS_WEIGHTS_AND_CACHE:
+        return output, None, cache
     if cache is not None or name in RETURNS_CACHE_ALWAYS:
         return output, cache
     return output
@@ -429,8 +601,15 @@ def install(backbone, family):
         return
     if family.route != "vllm_keras_hub":
         raise ValueError(f"{family.display_name} has no route to install.")
-    for transformer_layer in backbone.transformer_layers:
-        layer = _attention_layer(transformer_layer)
+    layers = [_attention_layer(block) for block in transformer_layers(backbone)]
+    targets = [None] * len(layers)
+    kv_sharing_targets = KV_SHARING_TARGETS.get(type(layers[0]).__name__)
+    if kv_sharing_targets is not None:
+        targets = kv_sharing_targets(backbone)
+    for transformer_layer, layer, target in zip(
+        transformer_layers(backbone), layers, targets
+    ):
+        layer._vllm_kv_sharing_target = target
         alibi_slopes = ALIBI_SLOPES.get(type(layer).__name__)
         if alibi_slopes is not None:
             layer._vllm_alibi_slopes = tuple(

@@ -7,7 +7,9 @@ from keras_hub.src.vllm.context import vllm_context_scope
 
 from vllm_keras_hub import families
 from vllm_keras_hub import routes
+from vllm_keras_hub.routes import transformer_layers
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
+from vllm_keras_hub.testing.presets import backbone_kwargs
 from vllm_keras_hub.testing.presets import WINDOW
 
 OUR_BACKBONES = {
@@ -24,15 +26,15 @@ def family_of(family):
 
 
 def tiny_backbone(family, seed=0):
-    _, backbone_name, kwargs = TINY_FAMILIES[family]
+    _, backbone_name, _ = TINY_FAMILIES[family]
     keras.utils.set_random_seed(seed)
-    kwargs = {
-        "num_layers": 2,
-        "hidden_dim": 128,
-        "intermediate_dim": 256,
-        **kwargs,
-    }
-    return getattr(keras_hub.models, backbone_name)(vocabulary_size=64, **kwargs)
+    return getattr(keras_hub.models, backbone_name)(**backbone_kwargs(family, 64))
+
+
+def kv_caches(backbone):
+    """One cache per layer for `reference_attention`: a shared K/V store."""
+    store = {}
+    return [(store, index) for index in range(len(transformer_layers(backbone)))]
 
 
 def reference_attention(
@@ -48,8 +50,19 @@ def reference_attention(
     soft_cap=None,
     alibi_slopes=None,
     sinks=None,
+    kv_sharing_target=None,
 ):
-    """Causal attention over one sequence, as vLLM's kernel computes it."""
+    """Causal attention over one sequence, as vLLM's kernel computes it.
+
+    With `cache` from `kv_caches`, each layer's K/V are kept, and a
+    KV-sharing layer attends over its target's instead of its own.
+    """
+    if cache is not None:
+        store, index = cache
+        if kv_sharing_target is None:
+            store[index] = (key, value)
+        else:
+            key, value = store[kv_sharing_target]
     num_tokens = query.shape[0]
     query = query.reshape(num_tokens, num_heads, head_size)
     key = key.reshape(num_tokens, num_kv_heads, head_size)
@@ -78,8 +91,12 @@ def reference_attention(
     return cache, output.reshape(num_tokens, num_heads * head_size)
 
 
-def hidden_states(backbone, token_ids):
+def hidden_states(backbone, token_ids, positions=None):
     inputs = {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}
+    if "position_ids" in {t.name for t in keras.tree.flatten(backbone.input)}:
+        if positions is None:
+            positions = np.broadcast_to(np.arange(token_ids.shape[1]), token_ids.shape)
+        inputs["position_ids"] = positions
     with torch.inference_mode():
         return keras.ops.convert_to_numpy(backbone(inputs, training=False))
 
@@ -93,10 +110,12 @@ def test_route_equals_the_layers_own_attention(family):
     with vllm_context_scope(
         paged_attention_func=reference_attention,
         positions=torch.arange(NUM_TOKENS),
-        kv_caches=[None] * len(backbone.transformer_layers),
+        kv_caches=kv_caches(backbone),
     ):
         # One token per row, as the serving model feeds vLLM's packed tokens.
-        routed = hidden_states(backbone, token_ids.reshape(-1, 1))[:, 0]
+        routed = hidden_states(
+            backbone, token_ids.reshape(-1, 1), np.arange(NUM_TOKENS)[:, None]
+        )[:, 0]
     np.testing.assert_allclose(routed, expected, atol=1e-4, rtol=1e-4)
 
 
@@ -108,11 +127,11 @@ def test_install_routes_these_instances_only(family):
     before = hidden_states(backbone, token_ids)
     routes.install(backbone, family_of(family))
     attention_layers = [
-        routes._attention_layer(layer) for layer in backbone.transformer_layers
+        routes._attention_layer(layer) for layer in transformer_layers(backbone)
     ]
     assert all("call" in vars(layer) for layer in attention_layers)
     assert all("_compute_vllm_attention" in vars(layer) for layer in attention_layers)
-    for layer in other.transformer_layers:
+    for layer in transformer_layers(other):
         assert "call" not in vars(routes._attention_layer(layer))
     # Outside a serving context the layers run their own code unchanged.
     np.testing.assert_array_equal(hidden_states(backbone, token_ids), before)
@@ -209,3 +228,81 @@ def test_gpt_oss_hands_vllm_its_sinks_and_keras_hubs_window():
             keras.ops.convert_to_numpy(o["sinks"]),
             keras.ops.convert_to_numpy(layer.sinks),
         )
+
+
+@pytest.mark.parametrize("family", ["gemma3n", "gemma4"])
+def test_last_layers_share_the_kv_of_the_last_earlier_layer_of_their_type(family):
+    # Tiny presets: sliding, full, sliding, full; the last 2 layers shared.
+    backbone = tiny_backbone(family)
+    routes.install(backbone, family_of(family))
+    layers = [routes._attention_layer(layer) for layer in transformer_layers(backbone)]
+    assert [layer._vllm_kv_sharing_target for layer in layers] == [None, None, 0, 1]
+    options = []
+
+    def record(cache, query, key, value, *args, **kwargs):
+        options.append(dict(kwargs, key=key))
+        return reference_attention(cache, query, key, value, *args, **kwargs)
+
+    with vllm_context_scope(
+        paged_attention_func=record,
+        positions=torch.arange(NUM_TOKENS),
+        kv_caches=kv_caches(backbone),
+    ):
+        hidden_states(
+            backbone,
+            np.arange(1, NUM_TOKENS + 1)[:, None],
+            np.arange(NUM_TOKENS)[:, None],
+        )
+    assert [o["kv_sharing_target"] for o in options] == [None, None, 0, 1]
+    assert [o["sliding_window"] for o in options] == [WINDOW, None] * 2
+    # Shared layers hand over no K/V of their own (placeholders only).
+    for o in options[2:]:
+        assert not torch.as_tensor(o["key"]).any()
+
+
+def test_gemma4_hands_vllm_per_layer_head_sizes_and_its_soft_cap():
+    # Global layers: `global_head_dim` 128 and one K=V head; local: 32 and 2.
+    backbone = tiny_backbone("gemma4")
+    routes.install(backbone, family_of("gemma4"))
+    options = []
+
+    def record(*args, **kwargs):
+        _, _, _, _, scale, head_size, _, num_kv_heads = args
+        options.append((head_size, num_kv_heads, scale, kwargs["soft_cap"]))
+        return reference_attention(*args, **kwargs)
+
+    with vllm_context_scope(
+        paged_attention_func=record,
+        positions=torch.arange(NUM_TOKENS),
+        kv_caches=kv_caches(backbone),
+    ):
+        hidden_states(
+            backbone,
+            np.arange(1, NUM_TOKENS + 1)[:, None],
+            np.arange(NUM_TOKENS)[:, None],
+        )
+    assert options == [(32, 2, 1.0, 50.0), (128, 1, 1.0, 50.0)] * 2
+
+
+def test_gemma4_drafter_backbone_is_refused():
+    # A drafter (`*_assistant` preset) shares every layer's K/V with the
+    # target model's cache: nothing in its own model to point vLLM at.
+    _, backbone_name, _ = TINY_FAMILIES["gemma4"]
+    kwargs = {**backbone_kwargs("gemma4", 64), "num_kv_shared_layers": 4}
+    backbone = getattr(keras_hub.models, backbone_name)(**kwargs)
+    with pytest.raises(ValueError, match="drafter"):
+        routes.install(backbone, family_of("gemma4"))
+
+
+def test_gemma4_bidirectional_embedding_model_is_refused():
+    backbone = tiny_backbone("gemma4")
+    routes.install(backbone, family_of("gemma4"))
+    for block in backbone.transformer_layers:
+        block.attention.use_bidirectional_attention = True
+    with pytest.raises(ValueError, match="bidirectional attention"):
+        with vllm_context_scope(
+            paged_attention_func=reference_attention,
+            positions=torch.arange(4),
+            kv_caches=kv_caches(backbone),
+        ):
+            hidden_states(backbone, np.arange(1, 5)[:, None], np.arange(4)[:, None])

@@ -11,8 +11,8 @@ import inspect
 
 from keras_hub.src.models.causal_lm import CausalLM
 from keras_hub.src.samplers.serialization import get as get_sampler
-from keras_hub.src.utils.preset_utils import find_subclass
 from keras_hub.src.utils.preset_utils import get_preset_loader
+from keras_hub.src.utils.preset_utils import list_subclasses
 from keras_hub.src.vllm.registry import sampler_to_sampling_kwargs
 
 
@@ -42,13 +42,33 @@ def sampling_kwargs(sampler):
 
 
 def causal_lm_class(preset):
-    """The concrete `CausalLM` subclass `CausalLM.from_preset` would build.
+    """The concrete `CausalLM` subclass that serves `preset`.
 
-    Resolved the way KerasHub's `Task.from_preset` resolves it, without
-    building anything.
+    The preset's backbone class decides it, as in KerasHub's
+    `Task.from_preset`, without building anything. KerasHub bug: its
+    `find_subclass` returns the first match while iterating a `set` of
+    classes, so where two `CausalLM`s take one backbone (`Gemma4CausalLM` and
+    the speculative-decoding drafter `Gemma4AssistantCausalLM`), which one
+    `CausalLM.from_preset` builds changes from process to process. Here the
+    choice is fixed: drafters (`*AssistantCausalLM`) are never served, and of
+    the rest the first by name.
     """
     backbone_cls = get_preset_loader(preset).check_backbone_class()
-    return find_subclass(preset, CausalLM, backbone_cls)
+    candidates = sorted(
+        (
+            cls
+            for cls in list_subclasses(CausalLM)
+            if cls.backbone_cls == backbone_cls
+            and not cls.__name__.endswith("AssistantCausalLM")
+        ),
+        key=lambda cls: cls.__name__,
+    )
+    if not candidates:
+        raise ValueError(
+            f"No KerasHub CausalLM takes {backbone_cls.__name__} (preset "
+            f"'{preset}')."
+        )
+    return candidates[0]
 
 
 def default_sampler(causal_lm_cls):

@@ -59,3 +59,24 @@ def test_generation_config_fields():
     assert sampling.generation_config_fields(
         keras_hub.samplers.TopKSampler(k=5, seed=1)
     ) == {"do_sample": True, "temperature": 1.0, "top_k": 5}
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_gemma4_is_served_by_its_causal_lm_never_its_drafter(
+    tmp_path, monkeypatch, reverse
+):
+    # KerasHub bug: `find_subclass` takes the first of a `set` of classes, so
+    # `CausalLM.from_preset` on a Gemma4 preset builds `Gemma4CausalLM` or the
+    # speculative-decoding drafter `Gemma4AssistantCausalLM` depending on the
+    # process. Whatever the order, the served class is `Gemma4CausalLM`.
+    from vllm_keras_hub.testing.presets import build_tiny_preset
+
+    preset = build_tiny_preset("gemma4", str(tmp_path))
+    candidates = [
+        keras_hub.models.Gemma4AssistantCausalLM,
+        keras_hub.models.Gemma4CausalLM,
+    ]
+    if reverse:
+        candidates.reverse()
+    monkeypatch.setattr(sampling, "list_subclasses", lambda cls: candidates)
+    assert sampling.causal_lm_class(preset) is keras_hub.models.Gemma4CausalLM

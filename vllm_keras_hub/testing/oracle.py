@@ -4,6 +4,8 @@ import keras
 import keras_hub
 import numpy as np
 
+from vllm_keras_hub.sampling import causal_lm_class
+
 
 def _pack(preset, prompts, sequence_length):
     """The preset preprocessor's `generate_preprocess`, where it loads.
@@ -48,7 +50,7 @@ def keras_hub_greedy(preset, prompts, max_new_tokens, dtype="float32"):
     tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
     longest = max(len(tokenizer(p)) for p in prompts) + 1
     inputs = _pack(preset, prompts, longest + max_new_tokens)
-    causal_lm = keras_hub.models.CausalLM.from_preset(
+    causal_lm = causal_lm_class(preset).from_preset(
         preset, dtype=dtype, preprocessor=None
     )
     causal_lm.compile(sampler="greedy")
@@ -88,22 +90,23 @@ def keras_hub_greedy_full_forward(preset, prompts, max_new_tokens, dtype="float3
 
     tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
     packed = _pack(preset, prompts, max(len(tokenizer(p)) for p in prompts) + 1)
-    causal_lm = keras_hub.models.CausalLM.from_preset(
+    causal_lm = causal_lm_class(preset).from_preset(
         preset, dtype=dtype, preprocessor=None
     )
     prompt_mask = keras.ops.convert_to_numpy(packed["padding_mask"])
     prompt_ids = keras.ops.convert_to_numpy(packed["token_ids"])
+    input_names = {tensor.name for tensor in keras.tree.flatten(causal_lm.input)}
     results = []
     for row in range(len(prompts)):
         ids = prompt_ids[row, : int(np.sum(prompt_mask[row]))].tolist()
         generated = []
         for _ in range(max_new_tokens):
             token_ids = np.array([ids + generated], "int32")
+            inputs = {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}
+            if "position_ids" in input_names:  # Gemma4 takes positions.
+                inputs["position_ids"] = np.arange(token_ids.shape[1])[None]
             with torch.inference_mode():
-                logits = causal_lm(
-                    {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)},
-                    training=False,
-                )
+                logits = causal_lm(inputs, training=False)
             generated.append(int(np.argmax(keras.ops.convert_to_numpy(logits)[0, -1])))
         results.append((ids, generated))
     return results

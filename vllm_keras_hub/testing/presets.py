@@ -12,6 +12,7 @@ import os
 import keras
 import keras_hub
 
+from vllm_keras_hub import routes
 from vllm_keras_hub.testing.tokenizers import make_tokenizer
 
 WINDOW = 8
@@ -178,7 +179,80 @@ TINY_FAMILIES = {
             sliding_window=WINDOW,
         ),
     ),
+    # KV sharing: the last 2 of 4 layers reuse the K/V of the last earlier
+    # layer of their type (sliding 0, full 1). V-norm, q/k norms, AltUp,
+    # Laurel and per-layer inputs, a window on the sliding layers.
+    "gemma3n": (
+        "Gemma3nCausalLM",
+        "Gemma3nBackbone",
+        dict(
+            text_hidden_size=128,
+            num_hidden_layers=4,
+            pad_token_id=0,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            intermediate_size=[256] * 4,
+            hidden_activation="gelu_approximate",
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            sliding_window=WINDOW,
+            rope_theta=1000000.0,
+            rope_local_base_freq=10000.0,
+            max_position_embeddings=256,
+            hidden_size_per_layer_input=16,
+            altup_num_inputs=2,
+            laurel_rank=8,
+            num_kv_shared_layers=2,
+            activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0],
+            final_logit_soft_cap=30.0,
+        ),
+    ),
+    # KV sharing as Gemma3n (layer 2 reads layer 0, layer 3 layer 1); global
+    # layers (odd) with their own head size (128), one K=V head and partial
+    # RoPE, so their KV pages are twice the local layers'; per-layer inputs,
+    # attention and final soft caps.
+    "gemma4": (
+        "Gemma4CausalLM",
+        "Gemma4Backbone",
+        dict(
+            num_layers=4,
+            num_query_heads=4,
+            num_key_value_heads=2,
+            hidden_dim=128,
+            intermediate_dim=256,
+            head_dim=32,
+            image_size=None,
+            sliding_window_size=WINDOW,
+            sliding_window_pattern=2,
+            global_head_dim=128,
+            num_global_key_value_heads=1,
+            global_rope_partial_rotary_factor=0.25,
+            num_kv_shared_layers=2,
+            hidden_size_per_layer_input=16,
+            attention_logit_soft_cap=50.0,
+            final_logit_soft_cap=30.0,
+        ),
+    ),
 }
+# Gemma4 26B-A4B style: every layer runs a dense MLP beside a routed MoE
+# block; KV-sharing layers get a double-wide MLP (E2B style).
+TINY_FAMILIES["gemma4_moe"] = (
+    "Gemma4CausalLM",
+    "Gemma4Backbone",
+    dict(
+        TINY_FAMILIES["gemma4"][2],
+        enable_moe_block=True,
+        num_experts=4,
+        expert_intermediate_dim=64,
+        num_experts_per_token=2,
+        use_double_wide_mlp=True,
+    ),
+)
+
+# Backbone arguments that take the tokenizer's vocabulary size.
+_VOCABULARY_ARGS = {"gemma3n": ("text_vocab_size", "vocab_size_per_layer_input")}
+# Backbones whose kwargs above name all their dims (not `_COMMON`'s names).
+_OWN_DIMS = ("gemma3n", "gemma4", "gemma4_moe")
 
 # With small-init layers and the embeddings scaled by `logit_scale`, the
 # residual stream mostly echoes the input token: prompts ending in the same
@@ -190,16 +264,101 @@ DEFAULT_LAYER_KERNEL_SCALE = 4.0
 # Gemma2/3's post-norms bound each layer's update, so wide embeddings (Gemma
 # also multiplies them by sqrt(hidden_dim)) drown the context: keep them as
 # initialised.
-_LOGIT_SCALE = {"gemma2": 1.0, "gemma3": 1.0}
+_LOGIT_SCALE = {
+    "gemma2": 1.0,
+    "gemma3": 1.0,
+    "gemma3n": 1.0,
+    "gemma4": 1.0,
+    "gemma4_moe": 1.0,
+}
 DEFAULT_LOGIT_SCALE = 20.0
 
-_TOKENIZER_FAMILY = {"gemma2": "gemma", "phi3_su": "phi3"}
-# Gemma3CausalLMPreprocessor asserts TensorFlow is installed (for its image
-# path) even for text; these presets carry their tokenizer alone.
-NEEDS_TENSORFLOW = ("gemma3",)
+_TOKENIZER_FAMILY = {"gemma2": "gemma", "phi3_su": "phi3", "gemma4_moe": "gemma4"}
+# Gemma3's, Gemma3n's and Gemma4's CausalLMPreprocessor assert TensorFlow is
+# installed (for their image path) even for text; these presets carry their
+# tokenizer alone.
+NEEDS_TENSORFLOW = ("gemma3", "gemma3n", "gemma4", "gemma4_moe")
 
 
-def build_tiny_preset(family, directory, seed=0, logit_scale=None):
+def _gemma4_vision_encoder(vocabulary_size):
+    from keras_hub.src.models.gemma4.gemma4_vision_encoder import (
+        Gemma4VisionEncoder,
+    )
+
+    return dict(
+        image_size=32,
+        vision_encoder=Gemma4VisionEncoder(
+            image_size=32,
+            patch_size=8,
+            num_heads=2,
+            hidden_dim=32,
+            num_layers=1,
+            intermediate_dim=64,
+            head_dim=16,
+            output_dim=128,
+            pool_size=2,
+        ),
+    )
+
+
+def _gemma3n_audio_encoder(vocabulary_size):
+    from keras_hub.src.models.gemma3n.gemma3n_audio_encoder import (
+        Gemma3nAudioEncoder,
+    )
+
+    # Gemma3nBackbone's docstring example, with the encoder's argument names.
+    encoder = Gemma3nAudioEncoder(
+        hidden_size=8,
+        input_feat_size=32,
+        sscp_conv_channel_size=[4, 8],
+        sscp_conv_kernel_size=[(3, 3), (3, 3)],
+        sscp_conv_stride_size=[(2, 2), (2, 2)],
+        sscp_conv_group_norm_eps=1e-5,
+        num_hidden_layers=1,
+        rms_norm_eps=1e-6,
+        gradient_clipping=1.0,
+        residual_weight=0.5,
+        num_attention_heads=1,
+        attention_chunk_size=4,
+        num_attention_context_right=5,
+        num_attention_context_left=5,
+        attention_logit_cap=50.0,
+        conv_kernel_size=5,
+        reduction_factor=1,
+    )
+    # As in the published presets, the audio soft tokens are the vocabulary's
+    # last ids (the embedding processor embeds them with the audio embedder).
+    return dict(
+        audio_encoder_config=encoder.get_config(),
+        audio_vocab_offset=vocabulary_size - 64,
+        audio_vocab_size=64,
+    )
+
+
+# Families whose published presets all carry media encoders -> the backbone
+# arguments adding a tiny one (Gemma4: images; Gemma3n: audio).
+MULTIMODAL = {"gemma4": _gemma4_vision_encoder, "gemma3n": _gemma3n_audio_encoder}
+
+
+def backbone_kwargs(family, vocabulary_size, multimodal=False):
+    """The keyword arguments of `family`'s tiny backbone.
+
+    Args:
+        family: A key of `TINY_FAMILIES`.
+        vocabulary_size: The tokenizer's vocabulary size.
+        multimodal: With a tiny media encoder, for a key of `MULTIMODAL`.
+    """
+    _, _, kwargs = TINY_FAMILIES[family]
+    vocabulary = {
+        name: vocabulary_size
+        for name in _VOCABULARY_ARGS.get(family, ("vocabulary_size",))
+    }
+    common = {} if family in _OWN_DIMS else _COMMON
+    media = MULTIMODAL[family](vocabulary_size) if multimodal else {}
+    return {**vocabulary, **common, **kwargs, **media}
+
+
+def build_tiny_preset(family, directory, seed=0, logit_scale=None, multimodal=False):
     """Saves a tiny random-weight preset of `family` into `directory`.
 
     Args:
@@ -210,22 +369,24 @@ def build_tiny_preset(family, directory, seed=0, logit_scale=None):
             near-flat logits; the family default (20 for most) widens them so
             greedy argmax ties (which kernels may break differently) are
             vanishingly rare. 1.0 keeps them flat, for sampling tests.
+        multimodal: With a tiny media encoder, for a key of `MULTIMODAL`.
 
     Returns:
         `directory`.
     """
-    causal_lm_name, backbone_name, kwargs = TINY_FAMILIES[family]
+    causal_lm_name, backbone_name, _ = TINY_FAMILIES[family]
     keras.utils.set_random_seed(seed)
     tokenizer = make_tokenizer(_TOKENIZER_FAMILY.get(family, family))
     backbone = getattr(keras_hub.models, backbone_name)(
-        vocabulary_size=tokenizer.vocabulary_size(), **{**_COMMON, **kwargs}
+        **backbone_kwargs(family, tokenizer.vocabulary_size(), multimodal)
     )
     if logit_scale is None:
         logit_scale = _LOGIT_SCALE.get(family, DEFAULT_LOGIT_SCALE)
-    for variable in backbone.token_embedding.weights:
+    embedding = backbone.token_embedding or backbone.language_model.embed_tokens
+    for variable in embedding.weights:
         variable.assign(variable * logit_scale)
     kernel_scale = _LAYER_KERNEL_SCALE.get(family, DEFAULT_LAYER_KERNEL_SCALE)
-    for layer in backbone.transformer_layers:
+    for layer in routes.transformer_layers(backbone):
         for variable in layer.weights:
             if len(variable.shape) >= 2:
                 variable.assign(variable * kernel_scale)

@@ -151,6 +151,23 @@ _GEMMA3_SYMBOLS = (
     "<end_of_image>",
 )
 
+# Gemma3nTokenizer checks all of these are in the vocabulary.
+_GEMMA3N_SYMBOLS = (
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<image_soft_token>",
+    "<audio_soft_token>",
+    "<start_of_image>",
+    "<end_of_image>",
+    "<start_of_audio>",
+    "<end_of_audio>",
+    "<mask>",
+    "[multimodal]",
+)
+
+# Gemma 4's turn pieces; its text-only tokenizer needs no others.
+_GEMMA4_SYMBOLS = ("<|turn>", "<turn|>")
+
 _PHI3_SYMBOLS = ("<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>")
 
 FAMILIES = (
@@ -161,6 +178,8 @@ FAMILIES = (
     "qwen3",
     "gemma",
     "gemma3",
+    "gemma3n",
+    "gemma4",
     "llama",
     "mistral",
     "mixtral",
@@ -344,6 +363,21 @@ def make_tokenizer(family):
             layout="gemma", user_defined_symbols=_GEMMA3_SYMBOLS
         )
         return keras_hub.tokenizers.Gemma3Tokenizer(proto=proto)
+    if family == "gemma3n":
+        proto = tiny_sentencepiece_proto(
+            layout="gemma", user_defined_symbols=_GEMMA3N_SYMBOLS
+        )
+        return keras_hub.tokenizers.Gemma3nTokenizer(proto=proto)
+    if family == "gemma4":
+        proto = tiny_sentencepiece_proto(
+            layout="gemma", user_defined_symbols=_GEMMA4_SYMBOLS
+        )
+        return keras_hub.tokenizers.Gemma4Tokenizer(
+            proto=proto,
+            has_vision_tokens=False,
+            has_audio_tokens=False,
+            has_video_tokens=False,
+        )
     if family == "llama":
         proto = tiny_sentencepiece_proto(layout="llama")
         return keras_hub.tokenizers.LlamaTokenizer(proto=proto)

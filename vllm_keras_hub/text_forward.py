@@ -1,0 +1,85 @@
+"""A backbone's forward pass on text tokens alone.
+
+Most backbones take `token_ids` and `padding_mask` and nothing else. The
+functional graphs of multimodal Gemma3n and Gemma4 presets (all their
+published ones) also demand image and audio inputs, so for those two the
+text path their own `CausalLM.call_with_cache` runs is used instead, with
+no cache: for text, the same layers in the same order as the full graph.
+"""
+
+from keras import ops
+
+
+def text_forward(backbone, token_ids, padding_mask, positions):
+    """Final hidden states of `backbone` for `token_ids`.
+
+    Args:
+        backbone: A loaded KerasHub backbone.
+        token_ids: `(batch, length)` token ids.
+        padding_mask: `(batch, length)` ones where a token is real.
+        positions: `(batch, length)` position of each token.
+
+    Returns:
+        `(batch, length, hidden_size)` hidden states.
+    """
+    name = type(backbone).__name__
+    if name == "Gemma3nBackbone":
+        return _gemma3n(backbone, token_ids, padding_mask)
+    if name == "Gemma4Backbone":
+        return _gemma4(backbone, token_ids, padding_mask, positions)
+    return backbone(
+        {"token_ids": token_ids, "padding_mask": padding_mask}, training=False
+    )
+
+
+def _gemma3n(backbone, token_ids, padding_mask):
+    # `Gemma3nCausalLM.call_with_cache` without images or audio: the
+    # embedding processor (token and per-layer embeddings), then the text
+    # model (AltUp, Laurel, layers, final norm).
+    embeddings, per_layer_inputs = backbone.embedding_processor(
+        {"token_ids": token_ids}
+    )
+    return backbone.language_model(
+        token_ids, ops.cast(padding_mask, "bool"), embeddings, per_layer_inputs
+    )
+
+
+def _gemma4(backbone, token_ids, padding_mask, positions):
+    # `Gemma4Backbone`'s graph on text positions (as its `CausalLM`'s
+    # `call_with_cache`, with no cache): scaled token embeddings, per-layer
+    # inputs where the preset has them, and each KV-sharing layer handed its
+    # source layer's K/V.
+    x = backbone.token_embedding(token_ids)
+    per_layer = backbone.hidden_size_per_layer_input
+    if per_layer > 0:
+        per_layer_embedding = ops.cast(
+            backbone.per_layer_token_embedding(token_ids), x.dtype
+        )
+        per_layer_embedding = per_layer_embedding * ops.cast(
+            float(per_layer) ** 0.5, x.dtype
+        )
+    x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
+    if per_layer > 0:
+        per_layer_projection = backbone.per_layer_model_projection(x)
+        per_layer_projection = per_layer_projection * ops.cast(
+            float(backbone.hidden_dim) ** -0.5, per_layer_projection.dtype
+        )
+    shared_kv = {}
+    for index, layer in enumerate(backbone.transformer_layers):
+        per_layer_input = None
+        if per_layer > 0:
+            block = slice(index * per_layer, (index + 1) * per_layer)
+            projection = per_layer_projection[:, :, block]
+            per_layer_input = (
+                backbone.per_layer_projection_norm(projection)
+                + per_layer_embedding[:, :, block]
+            ) * ops.cast(2.0**-0.5, projection.dtype)
+        source = layer.kv_shared_layer_index if layer.is_kv_shared_layer else None
+        x, shared_kv[index] = layer(
+            x,
+            padding_mask=padding_mask,
+            per_layer_input=per_layer_input,
+            shared_kv=shared_kv.get(source),
+            positions=positions,
+        )
+    return backbone.layer_norm(x)
