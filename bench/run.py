@@ -739,7 +739,7 @@ def plot(results, meta, path):
         ax.set_title(f"{title} ({'higher' if higher else 'lower'} is better)", fontsize=9)
         ax.set_xticks(range(len(systems)))
         ax.set_xticklabels([SYSTEMS[s].replace(" (", "\n(") for s in systems],
-                           fontsize=6.5, rotation=0)
+                           fontsize=6.5, rotation=35, ha="right")
         ax.tick_params(axis="y", labelsize=7)
     for ax in list(axes.flat)[len(metrics):]:
         ax.axis("off")
