@@ -179,12 +179,12 @@ def test_greedy_parity_compiled(family, presets, references):
         assert model.compiled and not model.do_not_compile
     # vLLM compiled this engine's graph: no silent fallback to eager.
     assert _compilations() > compilations
+    assert_same_tokens(outputs, expected, family, "compiled")
 
 
 def _compilations():
     counter = compilation_counter
     return counter.num_aot_compiles + counter.num_backend_compilations
-    assert_same_tokens(outputs, expected, family, "compiled")
 
 
 def test_gpt_neox_generate_is_not_its_forward(presets, references):
