@@ -10,7 +10,9 @@ platform's attention kernel do the attention; everything else stays KerasHub.
 
 The backbone's layers call their own `call()` directly (`direct_calls`), so
 vLLM's default mode can compile the whole step with torch.compile, as it does
-for its own models.
+for its own models. On the CPU their Dense/EinsumDense matmuls run on the
+weights prepacked for vLLM's CPU GEMM, as vLLM's own linear layers do
+(`cpu_gemm`).
 """
 
 import dataclasses
@@ -22,14 +24,19 @@ from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import set_current_vllm_config
 from vllm.model_executor.layers.attention import Attention
+from vllm.logger import init_logger
+from vllm.platforms import current_platform
 
 from vllm_keras_hub import families
 from vllm_keras_hub import routes
 from vllm_keras_hub.backend import require_torch_backend
+from vllm_keras_hub.cpu_gemm import use_vllm_cpu_gemm
 from vllm_keras_hub.direct_calls import use_direct_calls
 from vllm_keras_hub.text_forward import text_forward
 
 LOAD_FORMAT = "keras_hub"
+
+logger = init_logger(__name__)
 
 
 class RouteError(RuntimeError):
@@ -206,6 +213,8 @@ class KerasHubForCausalLM(nn.Module):
         self._final_logit_cap = None
         self.attention = nn.ModuleList()
         self._route_layers = []
+        # Dense/EinsumDense layers moved to vLLM's prepacked CPU GEMM.
+        self.cpu_gemm_layers = 0
 
     def load_preset(self):
         """Loads the backbone and its weights from the preset, once.
@@ -224,6 +233,14 @@ class KerasHubForCausalLM(nn.Module):
         routes.install(backbone, self.family)
         use_direct_calls(backbone)
         specs, route_layers = self._probe(backbone)
+        if current_platform.is_cpu():
+            self.cpu_gemm_layers = use_vllm_cpu_gemm(
+                backbone, lambda: self._probe(backbone)
+            )
+            logger.info(
+                "%d Dense/EinsumDense layers run on vLLM's CPU GEMM",
+                self.cpu_gemm_layers,
+            )
         _check_kv_sharing(specs)
         device = self.vllm_config.device_config.device
         with set_current_vllm_config(self.vllm_config), torch.device(device):

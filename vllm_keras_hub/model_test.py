@@ -110,7 +110,10 @@ def test_greedy_parity_batched(family, presets, references):
     assert expected[2][1] != expected[4][1], "the preset ignores its context"
     with in_process_llm(f"keras_hub:{presets(family)}") as llm:
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-        record_features(family, served_model(llm))
+        model = served_model(llm)
+        record_features(family, model)
+        # Parity holds with the matmuls on vLLM's prepacked CPU GEMM.
+        assert model.cpu_gemm_layers > 0
     assert_same_tokens(outputs, expected, family, "batched")
 
 

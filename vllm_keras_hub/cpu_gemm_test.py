@@ -1,0 +1,139 @@
+"""vLLM's CPU GEMM under KerasHub layers: Keras's results, one weight copy."""
+
+import keras
+from keras import ops
+import pytest
+import torch
+
+from vllm_keras_hub.cpu_gemm import matmul_plan
+from vllm_keras_hub.cpu_gemm import use_vllm_cpu_gemm
+from vllm_keras_hub.direct_calls import use_direct_calls
+from vllm_keras_hub.direct_calls_test import serving_step
+from vllm_keras_hub.direct_calls_test import tiny_gemma
+
+# Same math, another kernel library: float32 sums differ in the last bits.
+TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
+
+
+@pytest.mark.parametrize(
+    "equation, plan",
+    [
+        ("btd,dnh->btnh", ((0, 1, 2), 1)),
+        ("btnh,nhd->btd", ((0, 1, 2), 2)),
+        ("btd,ndh->btnh", ((1, 0, 2), 1)),
+        ("bsd,kdh->bskh", ((1, 0, 2), 1)),
+        ("ab,cb->ac", ((1, 0), 1)),
+        ("abc,cd->abd", ((0, 1), 1)),
+        ("...b,bc->...c", ((0, 1), 1)),
+        ("btd, df -> btf", ((0, 1), 1)),
+        # Not a plain x @ W: a kernel axis kept per output position, a
+        # permuted output, a repeated letter, a contraction not trailing.
+        ("bij,ijk->bik", None),
+        ("btd,dnh->bnth", None),
+        ("ab,bc->ca", None),
+        ("aab,bc->ac", None),
+        ("bdt,dn->btn", None),
+    ],
+)
+def test_matmul_plan(equation, plan):
+    assert matmul_plan(equation) == plan
+
+
+def layers_under_test(dtype):
+    keras.utils.set_random_seed(0)
+    return [
+        keras.layers.Dense(48, activation="gelu", dtype=dtype),
+        keras.layers.EinsumDense(
+            "btd,dnh->btnh", output_shape=(None, 4, 8), bias_axes="nh", dtype=dtype
+        ),
+        keras.layers.EinsumDense(
+            "btnh,nhd->btd", output_shape=(None, 32), dtype=dtype
+        ),
+        keras.layers.EinsumDense(
+            "btd,ndh->btnh", output_shape=(None, 4, 8), dtype=dtype
+        ),
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_layers_match_keras_and_free_their_kernel(dtype):
+    dense, query, output, gemma_query = layers = layers_under_test(dtype)
+    inputs = torch.randn(2, 5, 32).to(getattr(torch, dtype))
+
+    def outputs():
+        return [
+            dense(inputs),
+            query(inputs),
+            output(query(inputs)),
+            gemma_query(inputs),
+        ]
+
+    with torch.no_grad():
+        expected = outputs()
+        assert sum(use_vllm_cpu_gemm(layer, outputs) for layer in layers) == 4
+        actual = outputs()
+    for got, want in zip(actual, expected):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        torch.testing.assert_close(
+            got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype]
+        )
+    for layer in layers:
+        assert layer._kernel.value.numel() == 0
+
+
+def test_other_layers_keep_keras_matmul():
+    keras.utils.set_random_seed(0)
+    lora = keras.layers.Dense(16)
+    mixed = keras.layers.Dense(16, dtype="mixed_bfloat16")
+    batched = keras.layers.EinsumDense("bij,ijk->bik", output_shape=(3, 16))
+    for layer in (lora, mixed):
+        layer.build((None, 8))
+    batched.build((None, 3, 8))
+    lora.enable_lora(2)
+    for layer in (lora, mixed, batched, keras.layers.Dense(16)):
+        assert use_vllm_cpu_gemm(layer, lambda: None) == 0
+        assert not layer.built or layer._kernel.value.numel() > 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_backbone_matches_keras(dtype):
+    backbone = tiny_gemma(dtype)
+    with torch.no_grad():
+        expected = serving_step(backbone, 7)
+        use_direct_calls(backbone)
+        # Per layer: q, k, v, output, gate, up, down.
+        step = lambda: serving_step(backbone, 3)  # noqa: E731
+        assert use_vllm_cpu_gemm(backbone, step) == 2 * 7
+        actual = serving_step(backbone, 7)
+    torch.testing.assert_close(
+        actual, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype]
+    )
+
+
+def test_compiles_without_graph_breaks():
+    backbone = tiny_gemma("float32")
+    use_direct_calls(backbone)
+    use_vllm_cpu_gemm(backbone, lambda: serving_step(backbone, 3))
+    explanation = torch._dynamo.explain(lambda: serving_step(backbone, 5))()
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+def test_a_kernel_read_elsewhere_stays_with_keras():
+    keras.utils.set_random_seed(0)
+    read, unread = keras.layers.Dense(8), keras.layers.Dense(8)
+    read.build((None, 4))
+    unread.build((None, 8))
+    model = keras.Sequential([keras.Input((4,)), read, unread])
+    inputs = torch.randn(3, 4)
+    with torch.no_grad():
+        expected = ops.matmul(inputs, read.kernel)
+
+        def step():
+            # Like Gemma4's MoE block: code outside `read.call` multiplies by
+            # its kernel.
+            return ops.matmul(inputs, read.kernel), model(inputs)
+
+        assert use_vllm_cpu_gemm(model, step) == 1
+        torch.testing.assert_close(ops.matmul(inputs, read.kernel), expected)
+    with pytest.raises(RuntimeError, match="moved to vLLM's CPU GEMM"):
+        unread.kernel
