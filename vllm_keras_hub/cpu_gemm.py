@@ -1,4 +1,4 @@
-"""Run KerasHub's Dense and EinsumDense matmuls on vLLM's CPU GEMM.
+"""Run KerasHub's matmul layers on vLLM's CPU GEMM.
 
 Keras keeps a kernel as an `(in, out)` tensor and multiplies it with aten's
 `mm`. vLLM's own CPU models prepack each weight once, at load, for the
@@ -8,9 +8,9 @@ oneDNN took 4 to 58% less time than aten for a 576 x 1536 weight at 1 to
 256 rows (one thread), and matmuls are most of a decode step.
 
 `use_vllm_cpu_gemm(model, step)` hands each plain-matmul Dense/EinsumDense
-kernel to that dispatch and then frees Keras's copy, so the weights are held
-once, in the packed layout. The layers' bias, activation and output shape
-stay Keras's.
+kernel, and an untied output embedding, to that dispatch and then frees
+Keras's copy, so the weights are held once, in the packed layout. The
+layers' bias, activation, soft cap and output shape stay Keras's.
 """
 
 import math
@@ -22,14 +22,14 @@ _GEMM_CLASSES = {}
 
 
 class _PackedKernel:
-    """A kernel held by vLLM's CPU GEMM, and how a layer's input meets it."""
+    """A weight held by vLLM's CPU GEMM, and how a layer's input meets it."""
 
     def __init__(self, linear, in_size, contracted_rank, out_shape):
         self.linear = linear
         self.in_size = in_size
         self.contracted_rank = contracted_rank
         self.out_shape = out_shape
-        # Whether code other than the layer's own call read its kernel, and
+        # Whether code other than the layer's own call read its weight, and
         # whether Keras's copy is gone.
         self.read = False
         self.freed = False
@@ -70,23 +70,40 @@ def matmul_plan(equation):
     return permutation, len(contracted)
 
 
-def _kernel_plan(layer):
-    """`matmul_plan` of a Dense or EinsumDense layer, else `None`."""
+def _matmul_weight(layer):
+    """The weight a built layer's call multiplies its input by, if plain.
+
+    Returns:
+        `(variable, permutation, contracted_rank)` as in `matmul_plan`, or
+        `None`: Dense, plain-matmul EinsumDense, and an untied
+        ReversibleEmbedding's output projection have one (a tied one's
+        weight is also the input embedding).
+    """
     from keras.layers import Dense
     from keras.layers import EinsumDense
+    from keras.layers import ReversibleEmbedding
 
+    if isinstance(layer, ReversibleEmbedding):
+        if layer.tie_weights or layer.reverse_dtype is not None:
+            return None
+        return layer.reverse_embeddings, (0, 1), 1
     if isinstance(layer, Dense):
-        return (0, 1), 1
+        return layer._kernel, (0, 1), 1
     if isinstance(layer, EinsumDense):
-        return matmul_plan(layer.equation)
+        plan = matmul_plan(layer.equation)
+        return None if plan is None else (layer._kernel, *plan)
     return None
 
 
-def _gemm_call(self, inputs, training=None):
+def _packed_matmul(self, inputs):
     packed = self._packed_kernel
     batch_shape = inputs.shape[: inputs.ndim - packed.contracted_rank]
     x = packed.linear(inputs.reshape(-1, packed.in_size), None, None)
-    x = x.reshape(*batch_shape, *packed.out_shape)
+    return x.reshape(*batch_shape, *packed.out_shape)
+
+
+def _dense_call(self, inputs, training=None):
+    x = _packed_matmul(self, inputs)
     if self.bias is not None:
         x = ops.add(x, self.bias)
     if self.activation is not None:
@@ -94,27 +111,48 @@ def _gemm_call(self, inputs, training=None):
     return x
 
 
-def _kernel_of_gemm_layer(self):
-    if self._packed_kernel.freed:
-        raise RuntimeError(
-            f"{self.name}'s kernel was moved to vLLM's CPU GEMM; "
-            "the served model no longer holds it."
-        )
-    self._packed_kernel.read = True
-    return self._keras_kernel()
+def _reversible_embedding_call(self, inputs, reverse=False):
+    if not reverse:
+        return self._keras_layer_call(inputs)
+    logits = _packed_matmul(self, inputs)
+    if self.logit_soft_cap is not None:
+        soft_cap = self.logit_soft_cap
+        logits = ops.multiply(ops.tanh(ops.divide(logits, soft_cap)), soft_cap)
+    return logits
+
+
+def _guarded_weight(keras_getter):
+    """A property that records reads of a packed weight, or refuses them."""
+
+    def get(self):
+        if self._packed_kernel.freed:
+            raise RuntimeError(
+                f"{self.name}'s weight was moved to vLLM's CPU GEMM; "
+                "the served model no longer holds it."
+            )
+        self._packed_kernel.read = True
+        return keras_getter(self)
+
+    return property(get)
 
 
 def _gemm_class(cls):
+    from keras.layers import ReversibleEmbedding
+
     if cls not in _GEMM_CLASSES:
+        if issubclass(cls, ReversibleEmbedding):
+            methods = {
+                "call": _reversible_embedding_call,
+                "_keras_layer_call": cls.call,
+                # An instance attribute; the class property takes precedence.
+                "reverse_embeddings": _guarded_weight(
+                    lambda self: self.__dict__["reverse_embeddings"]
+                ),
+            }
+        else:
+            methods = {"call": _dense_call, "kernel": _guarded_weight(cls.kernel.fget)}
         _GEMM_CLASSES[cls] = type(
-            cls.__name__,
-            (cls,),
-            {
-                "call": _gemm_call,
-                "kernel": property(_kernel_of_gemm_layer),
-                "_keras_kernel": cls.kernel.fget,
-                "__module__": cls.__module__,
-            },
+            cls.__name__, (cls,), {**methods, "__module__": cls.__module__}
         )
     return _GEMM_CLASSES[cls]
 
@@ -138,16 +176,18 @@ def _pack(matrix):
 
 
 def use_vllm_cpu_gemm(model, step):
-    """Moves a built model's plain Dense/EinsumDense kernels to vLLM's CPU GEMM.
+    """Moves a built model's plain matmul weights to vLLM's CPU GEMM.
 
-    Layers that are quantized, have LoRA enabled, are not built, or whose
-    kernel dtype differs from their compute dtype keep Keras's matmul. So do
-    layers whose kernel other code reads (Gemma4's MoE block multiplies its
-    feed-forward kernels itself): `step` runs once with every candidate
-    moved and Keras's copies still there, and any kernel read outside its
-    layer's call stays with Keras. The other Keras copies are then freed; a
-    moved layer's kernel can no longer be read, so the model can serve but
-    not train, save or be quantized.
+    These are the kernels of Dense and plain-matmul EinsumDense layers and
+    an untied ReversibleEmbedding's output projection. Layers that are
+    quantized, have LoRA enabled, are not built, or whose weight dtype
+    differs from their compute dtype keep Keras's matmul. So do layers whose
+    weight other code reads (Gemma4's MoE block multiplies its feed-forward
+    kernels itself): `step` runs once with every candidate moved and Keras's
+    copies still there, and any weight read outside its layer's call stays
+    with Keras. The other Keras copies are then freed; a moved weight can no
+    longer be read, so the model can serve but not train, save or be
+    quantized.
 
     Args:
         model: A built Keras model on the torch backend, on the CPU.
@@ -158,19 +198,21 @@ def use_vllm_cpu_gemm(model, step):
     """
     chosen = []
     for layer in model._flatten_layers(include_self=True):
-        plan = _kernel_plan(layer)
-        if plan is None or not layer.built:
+        if not layer.built:
+            continue
+        weight = _matmul_weight(layer)
+        if weight is None:
             continue
         if getattr(layer, "quantization_mode", None) is not None:
             continue
         if getattr(layer, "lora_enabled", False):
             continue
-        if layer._kernel.dtype != layer.compute_dtype:
+        if weight[0].dtype != layer.compute_dtype:
             continue
-        chosen.append((layer, plan))
+        chosen.append((layer, weight))
     packed = []
-    for layer, (permutation, contracted_rank) in chosen:
-        kernel = layer._kernel.value.detach().permute(permutation)
+    for layer, (variable, permutation, contracted_rank) in chosen:
+        kernel = variable.value.detach().permute(permutation)
         in_size = math.prod(kernel.shape[:contracted_rank])
         linear = _pack(kernel.reshape(in_size, -1))
         if linear is None:
@@ -181,17 +223,20 @@ def use_vllm_cpu_gemm(model, step):
         )
         keras_class = type(layer)
         layer.__class__ = _gemm_class(keras_class)
-        packed.append((layer, keras_class))
+        packed.append((layer, keras_class, variable))
     step()
-    # A variable two layers share stays if either layer's kernel was read.
-    read = {id(layer._kernel) for layer, _ in packed if layer._packed_kernel.read}
+    # A variable two layers share stays if either layer's weight was read.
+    read = {
+        id(variable)
+        for layer, _, variable in packed
+        if layer._packed_kernel.read
+    }
     moved = 0
-    for layer, keras_class in packed:
-        if id(layer._kernel) in read:
+    for layer, keras_class, variable in packed:
+        if id(variable) in read:
             layer.__class__ = keras_class
             del layer._packed_kernel
             continue
-        variable = layer._kernel
         variable.value.data = torch.empty(0, dtype=variable.value.dtype)
         layer._packed_kernel.freed = True
         moved += 1

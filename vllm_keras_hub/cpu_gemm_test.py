@@ -137,3 +137,27 @@ def test_a_kernel_read_elsewhere_stays_with_keras():
         torch.testing.assert_close(ops.matmul(inputs, read.kernel), expected)
     with pytest.raises(RuntimeError, match="moved to vLLM's CPU GEMM"):
         unread.kernel
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_untied_output_embedding_moves_and_tied_stays(dtype):
+    keras.utils.set_random_seed(0)
+    untied = keras.layers.ReversibleEmbedding(
+        100, 16, tie_weights=False, logit_soft_cap=5.0, dtype=dtype
+    )
+    tied = keras.layers.ReversibleEmbedding(100, 16, dtype=dtype)
+    token_ids = torch.tensor([[3, 7, 99]])
+    hidden = torch.randn(4, 16).to(getattr(torch, dtype))
+    for layer in (untied, tied):
+        layer.build((None, None))
+    with torch.no_grad():
+        expected = untied(hidden, reverse=True), untied(token_ids)
+        assert use_vllm_cpu_gemm(untied, lambda: untied(token_ids)) == 1
+        assert use_vllm_cpu_gemm(tied, lambda: tied(token_ids)) == 0
+        actual = untied(hidden, reverse=True), untied(token_ids)
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(actual[0], expected[0], rtol=tolerance, atol=tolerance)
+    assert torch.equal(actual[1], expected[1])
+    assert untied.__dict__["reverse_embeddings"].value.numel() == 0
+    with pytest.raises(RuntimeError, match="moved to vLLM's CPU GEMM"):
+        untied.reverse_embeddings
