@@ -38,15 +38,14 @@ def _direct_call(self, *args, **kwargs):
         # Keras's own `__call__` builds the layer (weightless ones such as
         # ALiBi biases and rotary embeddings are built on first use).
         return self._keras_call(*args, **kwargs)
-    for name in self._call_context_args:
-        if name in kwargs and not self._call_has_context_arg.get(name, False):
-            del kwargs[name]
-    if self._convert_input_args and self.autocast:
-        dtype = self._direct_input_dtype
-        if dtype is not None:
-            args = _autocast_input(args, dtype)
+    for name in self._direct_dropped_args:
+        kwargs.pop(name, None)
+    dtype = self._direct_input_dtype
+    if dtype is not None:
+        args = _autocast_input(args, dtype)
+        if kwargs:
             kwargs = _autocast_input(kwargs, dtype)
-    if getattr(self, "quantization_mode", None) is not None:
+    if self._direct_quantized:
         return self.quantized_call(*args, **kwargs)
     return self.call(*args, **kwargs)
 
@@ -74,19 +73,32 @@ def use_direct_calls(model):
     """Makes every layer of a built Keras model call its `call()` directly.
 
     A layer not built yet keeps Keras's `__call__` until its first call
-    has built it.
+    has built it. What Keras's `__call__` would decide per call from a
+    layer's fixed settings (context arguments its `call()` lacks, the
+    autocast dtype, quantization) is decided here, once.
 
     Args:
         model: A built Keras model on the torch backend, e.g. a KerasHub
             backbone. Its layers must not be called symbolically (functional
-            construction) or trained afterwards.
+            construction), trained or quantized afterwards.
 
     Returns:
         The number of layers changed.
     """
     layers = list(model._flatten_layers(include_self=True))
     for layer in layers:
-        layer._direct_input_dtype = _torch_dtype(layer.input_dtype)
+        layer._direct_dropped_args = tuple(
+            name
+            for name in layer._call_context_args
+            if not layer._call_has_context_arg.get(name, False)
+        )
+        autocast = layer._convert_input_args and layer.autocast
+        layer._direct_input_dtype = (
+            _torch_dtype(layer.input_dtype) if autocast else None
+        )
+        layer._direct_quantized = (
+            getattr(layer, "quantization_mode", None) is not None
+        )
         if type(layer).__call__ is not _direct_call:
             layer.__class__ = _direct_class(type(layer))
     return len(layers)

@@ -32,6 +32,7 @@ from vllm_keras_hub import routes
 from vllm_keras_hub.backend import require_torch_backend
 from vllm_keras_hub.cpu_gemm import use_vllm_cpu_gemm
 from vllm_keras_hub.direct_calls import use_direct_calls
+from vllm_keras_hub.dynamo_substitutes import substitute_keras_helpers
 from vllm_keras_hub.text_forward import text_forward
 
 LOAD_FORMAT = "keras_hub"
@@ -213,7 +214,7 @@ class KerasHubForCausalLM(nn.Module):
         self._final_logit_cap = None
         self.attention = nn.ModuleList()
         self._route_layers = []
-        # Dense/EinsumDense layers moved to vLLM's prepacked CPU GEMM.
+        # Matmul layers moved to vLLM's prepacked CPU GEMM (`cpu_gemm`).
         self.cpu_gemm_layers = 0
 
     def load_preset(self):
@@ -232,13 +233,14 @@ class KerasHubForCausalLM(nn.Module):
         )
         routes.install(backbone, self.family)
         use_direct_calls(backbone)
+        substitute_keras_helpers()
         specs, route_layers = self._probe(backbone)
         if current_platform.is_cpu():
             self.cpu_gemm_layers = use_vllm_cpu_gemm(
                 backbone, lambda: self._probe(backbone)
             )
             logger.info(
-                "%d Dense/EinsumDense layers run on vLLM's CPU GEMM",
+                "%d KerasHub matmul layers run on vLLM's CPU GEMM",
                 self.cpu_gemm_layers,
             )
         _check_kv_sharing(specs)

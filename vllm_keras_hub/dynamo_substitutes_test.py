@@ -1,0 +1,82 @@
+"""Dynamo's substitutes for Keras helpers: Keras's results, a smaller graph."""
+
+import collections
+
+import keras
+import pytest
+import torch
+from keras import ops
+
+from vllm_keras_hub.direct_calls import use_direct_calls
+from vllm_keras_hub.direct_calls_test import serving_step
+from vllm_keras_hub.direct_calls_test import tiny_gemma
+from vllm_keras_hub.dynamo_substitutes import substitute_keras_helpers
+
+
+def traced_ops(function, *args):
+    """`function(*args)` compiled; returns its result and its graph's op counts.
+
+    A `.to(device)` counts as "to device", a `.to(dtype)` as "to".
+    """
+    counts = collections.Counter()
+
+    def backend(graph_module, example_inputs):
+        for node in graph_module.graph.nodes:
+            if node.op in ("placeholder", "output"):
+                continue
+            name = str(node.target)
+            if name == "to" and isinstance(node.args[-1], (str, torch.device)):
+                name = "to device"
+            counts[name] += 1
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    result = torch.compile(function, backend=backend, fullgraph=True)(*args)
+    return result, counts
+
+
+def keras_ops_step(x, y):
+    # Tensors, a Python scalar, a dtype cast and a Keras Variable's value.
+    return ops.cast(ops.add(ops.multiply(x, 2.0), y), "float64")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def substitutes():
+    substitute_keras_helpers()
+
+
+def test_results_equal_keras_and_no_device_moves_are_traced():
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    result, counts = traced_ops(keras_ops_step, x, y)
+    torch.testing.assert_close(result, keras_ops_step(x, y), rtol=0, atol=0)
+    assert result.dtype == torch.float64
+    # Keras's own convert_to_tensor would add an `x.to("cpu")` per tensor
+    # argument.
+    assert counts["to device"] == 0, counts
+    assert counts["to"] == 1, counts  # the float64 cast
+
+
+def test_variables_and_scalars_still_go_through_keras():
+    variable = keras.Variable(torch.ones(2, 2), dtype="float32")
+
+    def step(x):
+        return ops.add(ops.convert_to_tensor(variable), ops.convert_to_tensor(3))
+
+    result, _ = traced_ops(step, torch.zeros(2, 2))
+    assert torch.equal(result, torch.full((2, 2), 4.0))
+
+
+def test_symbolic_tensors_are_still_found_outside_dynamo():
+    inputs = keras.Input((4,))
+    outputs = ops.add(inputs, 1.0)
+    assert isinstance(outputs, keras.KerasTensor)
+
+
+def test_backbone_graph_is_smaller_and_equal():
+    backbone = tiny_gemma("float32")
+    use_direct_calls(backbone)
+    with torch.no_grad():
+        expected = serving_step(backbone, 5)
+        result, counts = traced_ops(serving_step, backbone, 5)
+    torch.testing.assert_close(result, expected)
+    assert counts["to device"] == 0, counts
