@@ -14,12 +14,13 @@ nothing in a served step:
   inefficiency, in eager too). Traced, each adds nodes to the graph that
   AOTAutograd and Inductor then process.
 
-`substitute_keras_helpers()` registers, with `torch.compiler.substitute_in_graph`,
-versions that Dynamo traces instead. The results are the same; a tensor
-already on Keras's device is returned as Keras returns it, anything else
-(a Python scalar, a list, another device) goes through Keras's own code. Outside Dynamo, Keras runs unchanged. For a
-SmolLM2-shaped Llama layer this took 41% off Dynamo's trace time and 47% off
-the graph's nodes.
+`substitute_keras_helpers()` registers, with
+`torch.compiler.substitute_in_graph`, versions that Dynamo traces instead.
+The results are the same: a tensor or Variable already on Keras's device is
+returned as Keras returns it, and anything else (a Python scalar, a list,
+another device) goes through Keras's own code. Outside Dynamo, Keras runs
+unchanged. For four SmolLM2-shaped Llama layers, the trace took 39% less
+time and the graph has 49% fewer nodes (958 to 492).
 """
 
 import types
