@@ -101,21 +101,32 @@ def hidden_states(backbone, token_ids, positions=None):
         return keras.ops.convert_to_numpy(backbone(inputs, training=False))
 
 
+def served_hidden_states(backbone, paged_attention, token_ids=None):
+    """One serving step with attention answered by `paged_attention`.
+
+    The tokens (default `1..NUM_TOKENS`) are fed one per row at positions
+    `0..`, as the serving model feeds vLLM's packed tokens.
+    """
+    if token_ids is None:
+        token_ids = np.arange(1, NUM_TOKENS + 1)
+    num_tokens = len(token_ids)
+    with vllm_context_scope(
+        paged_attention_func=paged_attention,
+        positions=torch.arange(num_tokens),
+        kv_caches=kv_caches(backbone),
+    ):
+        return hidden_states(
+            backbone, np.asarray(token_ids)[:, None], np.arange(num_tokens)[:, None]
+        )
+
+
 @pytest.mark.parametrize("family", OUR_FAMILIES)
 def test_route_equals_the_layers_own_attention(family):
     backbone = tiny_backbone(family)
     routes.install(backbone, family_of(family))
     token_ids = np.random.default_rng(0).integers(1, 64, (1, NUM_TOKENS))
     expected = hidden_states(backbone, token_ids)[0]
-    with vllm_context_scope(
-        paged_attention_func=reference_attention,
-        positions=torch.arange(NUM_TOKENS),
-        kv_caches=kv_caches(backbone),
-    ):
-        # One token per row, as the serving model feeds vLLM's packed tokens.
-        routed = hidden_states(
-            backbone, token_ids.reshape(-1, 1), np.arange(NUM_TOKENS)[:, None]
-        )[:, 0]
+    routed = served_hidden_states(backbone, reference_attention, token_ids[0])[:, 0]
     np.testing.assert_allclose(routed, expected, atol=1e-4, rtol=1e-4)
 
 
@@ -170,12 +181,7 @@ def test_qwen_routes_drop_the_window_as_keras_hub_does(family):
         return reference_attention(*args, sliding_window=sliding_window, **kwargs)
 
     routes.install(backbone, family_of(family))
-    with vllm_context_scope(
-        paged_attention_func=record,
-        positions=torch.arange(NUM_TOKENS),
-        kv_caches=[None] * len(attention_layers),
-    ):
-        hidden_states(backbone, token_ids.reshape(-1, 1))
+    served_hidden_states(backbone, record)
     assert windows == [None, None]
 
 
@@ -216,12 +222,7 @@ def test_gpt_oss_hands_vllm_its_sinks_and_keras_hubs_window():
         return reference_attention(*args, **kwargs)
 
     routes.install(backbone, family_of("gpt_oss"))
-    with vllm_context_scope(
-        paged_attention_func=record,
-        positions=torch.arange(NUM_TOKENS),
-        kv_caches=[None] * len(layers),
-    ):
-        hidden_states(backbone, np.arange(1, NUM_TOKENS + 1)[:, None])
+    served_hidden_states(backbone, record)
     assert [o["sliding_window"] for o in options] == [None, WINDOW + 1]
     for layer, o in zip(layers, options):
         np.testing.assert_array_equal(
@@ -243,16 +244,7 @@ def test_last_layers_share_the_kv_of_the_last_earlier_layer_of_their_type(family
         options.append(dict(kwargs, key=key))
         return reference_attention(cache, query, key, value, *args, **kwargs)
 
-    with vllm_context_scope(
-        paged_attention_func=record,
-        positions=torch.arange(NUM_TOKENS),
-        kv_caches=kv_caches(backbone),
-    ):
-        hidden_states(
-            backbone,
-            np.arange(1, NUM_TOKENS + 1)[:, None],
-            np.arange(NUM_TOKENS)[:, None],
-        )
+    served_hidden_states(backbone, record)
     assert [o["kv_sharing_target"] for o in options] == [None, None, 0, 1]
     assert [o["sliding_window"] for o in options] == [WINDOW, None] * 2
     # Shared layers hand over no K/V of their own (placeholders only).
@@ -271,16 +263,7 @@ def test_gemma4_hands_vllm_per_layer_head_sizes_and_its_soft_cap():
         options.append((head_size, num_kv_heads, scale, kwargs["soft_cap"]))
         return reference_attention(*args, **kwargs)
 
-    with vllm_context_scope(
-        paged_attention_func=record,
-        positions=torch.arange(NUM_TOKENS),
-        kv_caches=kv_caches(backbone),
-    ):
-        hidden_states(
-            backbone,
-            np.arange(1, NUM_TOKENS + 1)[:, None],
-            np.arange(NUM_TOKENS)[:, None],
-        )
+    served_hidden_states(backbone, record)
     assert options == [(32, 2, 1.0, 50.0), (128, 1, 1.0, 50.0)] * 2
 
 
@@ -300,9 +283,4 @@ def test_gemma4_bidirectional_embedding_model_is_refused():
     for block in backbone.transformer_layers:
         block.attention.use_bidirectional_attention = True
     with pytest.raises(ValueError, match="bidirectional attention"):
-        with vllm_context_scope(
-            paged_attention_func=reference_attention,
-            positions=torch.arange(4),
-            kv_caches=kv_caches(backbone),
-        ):
-            hidden_states(backbone, np.arange(1, 5)[:, None], np.arange(4)[:, None])
+        served_hidden_states(backbone, reference_attention, np.arange(1, 5))
