@@ -2,8 +2,8 @@
 
 vLLM's compiled mode traces a KerasHub step with Dynamo, and Dynamo traces
 every Python line of every `keras.ops` call. Two helpers that each op runs
-cost most of that trace and half of the resulting graph, while deciding
-nothing in a served step:
+cost about 40% of that trace and half of the resulting graph, while
+deciding nothing in a served step:
 
 - `any_symbolic_tensors(args, kwargs)` flattens an op's arguments with
   Keras's tree utilities to find KerasTensors. A traced step has none (they
