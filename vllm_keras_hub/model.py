@@ -33,6 +33,7 @@ from vllm_keras_hub.backend import require_torch_backend
 from vllm_keras_hub.cpu_gemm import use_vllm_cpu_gemm
 from vllm_keras_hub.direct_calls import use_direct_calls
 from vllm_keras_hub.dynamo_substitutes import substitute_keras_helpers
+from vllm_keras_hub.saved_compile import load_saved_compiles
 from vllm_keras_hub.text_forward import text_forward
 
 LOAD_FORMAT = "keras_hub"
@@ -209,6 +210,8 @@ class KerasHubForCausalLM(nn.Module):
         families.family_for_backbone(self.family.backbone, hf_config.keras_hub_preset)
         self.preset = hf_config.keras_hub_preset
         self.vllm_config = vllm_config
+        # Before vLLM's first (compiled) call, which loads a saved compile.
+        load_saved_compiles(type(self))
         self.prefix = prefix
         self.backbone = None
         self._final_logit_cap = None

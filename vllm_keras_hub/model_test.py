@@ -180,14 +180,19 @@ def test_greedy_parity_compiled(family, presets, references):
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         model = served_model(llm)
         assert model.compiled and not model.do_not_compile
-    # vLLM compiled this engine's graph: no silent fallback to eager.
+    # vLLM compiled this engine's graph, or loaded the compile an earlier
+    # start saved (`saved_compile`): no silent fallback to eager.
     assert _compilations() > compilations
     assert_same_tokens(outputs, expected, family, "compiled")
 
 
 def _compilations():
     counter = compilation_counter
-    return counter.num_aot_compiles + counter.num_backend_compilations
+    return (
+        counter.num_aot_compiles
+        + counter.num_backend_compilations
+        + counter.num_aot_artifacts_loaded
+    )
 
 
 def test_gpt_neox_generate_is_not_its_forward(presets, references):

@@ -120,6 +120,24 @@ def model_dims(backbone_config):
     return {key: int(value) for key, value in dims.items()}
 
 
+def config_digest(backbone_config):
+    """A digest of the whole backbone config, for `config.json`.
+
+    vLLM keys its saved compile (`saved_compile`) by the engine config, of
+    which `config.json` is part; this makes any backbone setting part of
+    that key, not only the dims written beside it. The layer's name (which
+    Keras numbers per process: `llama3_backbone_1`) and trainability do not
+    change the computation, so they are left out.
+    """
+    settings = {
+        key: value
+        for key, value in backbone_config.items()
+        if key not in ("name", "trainable")
+    }
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
 def weights_dtype(backbone_config):
     """The dtype a preset's weights were saved in, e.g. `"bfloat16"`.
 
@@ -221,6 +239,7 @@ def write_model_folder(preset, directory, max_model_len=None):
     model_config = config_lib.KerasHubConfig(
         keras_hub_preset=preset,
         keras_hub_family=family.name,
+        keras_hub_config_digest=config_digest(backbone_config),
         architectures=[config_lib.ARCHITECTURE],
         eos_token_id=stop_ids[0],
         bos_token_id=tokenizer.start_token_id,

@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import subprocess
 
 import keras_hub
@@ -206,6 +207,39 @@ def test_same_preset_and_settings_share_one_folder_until_the_last_lets_go(tiny):
         second.cleanup()
         other.cleanup()
     assert not os.path.exists(first.path) and not os.path.exists(other.path)
+
+
+def test_the_folder_follows_every_backbone_setting_but_the_name(tiny, tmp_path):
+    """Settings beyond the dims (here RoPE's wavelength) key the folder too.
+
+    vLLM loads the compile it saved for the same folder without checking the
+    model (`saved_compile`); a stale one would bake in the old setting. The
+    name Keras numbers per process (`llama3_backbone_1`) must not matter, or
+    a preset saved again would never reuse its compile.
+    """
+    preset = str(tmp_path / "preset")
+    shutil.copytree(tiny("llama3"), preset)
+
+    def folder_after(change):
+        saved = read(preset, "config.json")
+        change(saved["config"])
+        with open(os.path.join(preset, "config.json"), "w") as f:
+            json.dump(saved, f)
+        return preset_folder.ModelFolder(preset)
+
+    folders = [
+        preset_folder.ModelFolder(preset),
+        folder_after(lambda config: config.update(name="llama3_backbone_7")),
+        folder_after(lambda config: config.update(rope_max_wavelength=20000)),
+    ]
+    try:
+        paths = [folder.path for folder in folders]
+        assert paths[0] == paths[1] != paths[2]
+        digests = [read(path, "config.json")["keras_hub_config_digest"] for path in paths]
+        assert digests[0] == digests[1] != digests[2]
+    finally:
+        for folder in folders:
+            folder.cleanup()
 
 
 def test_a_dead_process_does_not_keep_a_folder(tiny):
