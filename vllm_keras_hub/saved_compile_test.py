@@ -51,7 +51,9 @@ def test_a_restart_loads_the_saved_compile_and_serves_the_presets_weights(
     build_tiny_preset("llama3", preset, seed=0)
     first = served_tokens(preset)
     assert first == oracle_tokens(preset)
-    pattern = str(cache_root / "torch_compile_cache" / "torch_aot_compile" / "*" / "rank_*" / "model")
+    pattern = str(
+        cache_root / "torch_compile_cache" / "torch_aot_compile" / "*" / "rank_*" / "model"
+    )
     (saved,) = glob.glob(pattern)
     before = os.stat(saved)
 
