@@ -829,7 +829,7 @@ def saved_compiles(cache_root):
     return found
 
 
-def run_compiled(argv, args, env):
+def run_compiled(system, argv, args, env):
     """A compiled vLLM system's cold start, then its measured run.
 
     vLLM writes its saved compile anew whenever it compiles, so an unchanged
@@ -844,7 +844,7 @@ def run_compiled(argv, args, env):
     r["startup_cold_s"] = cold.get("startup_s")
     r["cold_start_error"] = cold.get("error")
     r["restart_loaded_saved_compile"] = bool(saved) and saved_compiles(root) == saved
-    if "native" in argv[argv.index("--system") + 1]:
+    if system == "native_compiled":
         saved = saved_compiles(root)
         path = os.pathsep.join(p for p in (VLLM_LOAD_FIX, os.environ.get("PYTHONPATH")) if p)
         fixed = run_worker(start_only, args.threads, args.timeout, args.verbose,
@@ -901,7 +901,7 @@ def main_orchestrate(args):
             argv = ["--system", system, "--dtype", dtype, "--size", size,
                     "--hf-folder", hf_folder, "--preset", preset]
             with compile_cache(system) as env:
-                r = run_compiled(argv, args, env) if env else run_worker(
+                r = run_compiled(system, argv, args, env) if env else run_worker(
                     argv, args.threads, args.timeout, args.verbose)
             r.setdefault("system", system)
             r.setdefault("label", SYSTEMS[system])
