@@ -161,3 +161,29 @@ def test_untied_output_embedding_moves_and_tied_stays(dtype):
     assert untied.__dict__["reverse_embeddings"].value.numel() == 0
     with pytest.raises(RuntimeError, match="moved to vLLM's CPU GEMM"):
         untied.reverse_embeddings
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_tied_output_embedding_keeps_its_one_tensor(dtype):
+    keras.utils.set_random_seed(0)
+    tied = keras.layers.ReversibleEmbedding(
+        100, 16, logit_soft_cap=5.0, dtype=dtype
+    )
+    tied.build((None, None))
+    token_ids = torch.tensor([[3, 7, 99]])
+    hidden = torch.randn(2, 4, 16).to(getattr(torch, dtype))
+    embeddings = tied.embeddings.value
+    with torch.no_grad():
+        expected = tied(hidden, reverse=True), tied(token_ids)
+        assert use_vllm_cpu_gemm(tied, lambda: tied(token_ids)) == 0
+        with torch.profiler.profile() as profile:
+            actual = tied(hidden, reverse=True), tied(token_ids)
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(actual[0], expected[0], rtol=tolerance, atol=tolerance)
+    assert torch.equal(actual[1], expected[1])
+    assert tied.embeddings.value is embeddings
+    # float32 runs on oneDNN; in bfloat16 aten's matmul already does.
+    on_onednn = any(
+        event.name == "mkldnn::_linear_pointwise" for event in profile.events()
+    )
+    assert on_onednn == (dtype == "float32")
