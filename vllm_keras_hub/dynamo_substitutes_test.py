@@ -80,3 +80,31 @@ def test_backbone_step_is_equal_and_traces_no_device_moves():
         result, counts = traced_ops(serving_step, backbone, 5)
     torch.testing.assert_close(result, expected)
     assert counts["to device"] == 0, counts
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_python_exponent_stays_a_scalar(dtype):
+    # Keras makes the 2 a tensor; Inductor then computes a general `pow`
+    # instead of `x * x`.
+    def rms(x):
+        return ops.mean(ops.power(x, 2), axis=-1), ops.power(x, 0.5), ops.power(x, x)
+
+    x = torch.rand(3, 8).to(getattr(torch, dtype))
+    graphs = []
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    result = torch.compile(rms, backend=backend, fullgraph=True)(x)
+    for got, want in zip(result, rms(x)):
+        # torch.pow(x, 0.5) is a square root: the last bit may differ.
+        torch.testing.assert_close(got, want)
+    exponents = [
+        node.args[1]
+        for node in graphs[0].graph.nodes
+        if node.op == "call_function" and node.target is torch.pow
+    ]
+    assert exponents[:2] == [2, 0.5], exponents
+    assert isinstance(exponents[2], torch.fx.Node)
