@@ -33,6 +33,7 @@ from vllm_keras_hub.backend import require_torch_backend
 from vllm_keras_hub.cpu_gemm import use_vllm_cpu_gemm
 from vllm_keras_hub.direct_calls import use_direct_calls
 from vllm_keras_hub.dynamo_substitutes import substitute_keras_helpers
+from vllm_keras_hub.rotary_tables import use_rotary_tables
 from vllm_keras_hub.saved_compile import load_saved_compiles
 from vllm_keras_hub.text_forward import text_forward
 
@@ -236,6 +237,7 @@ class KerasHubForCausalLM(nn.Module):
         )
         routes.install(backbone, self.family)
         use_direct_calls(backbone)
+        use_rotary_tables(backbone, self.vllm_config.model_config.max_model_len)
         substitute_keras_helpers()
         specs, route_layers = self._probe(backbone)
         if current_platform.is_cpu():
