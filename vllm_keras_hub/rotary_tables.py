@@ -32,20 +32,31 @@ def _compute_cos_sin_embedding(self, inputs, start_index=0, positions=None):
     cos, sin = tables[key]
     if positions.ndim == 1:
         positions = positions[None]
+    cos, sin = cos[positions], sin[positions]
+    if cos.shape[-1] != inputs.shape[-1]:
+        cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
     # KerasHub's embedding is (batch, sequence, 1 per other axis, features).
     shape = (*positions.shape, *[1] * (inputs.ndim - 3), inputs.shape[-1])
-    return cos[positions].reshape(shape), sin[positions].reshape(shape)
+    return cos.reshape(shape), sin.reshape(shape)
 
 
 def _table(layer, inputs):
-    """The layer's own cos and sin at every position, `(positions, features)`."""
+    """The layer's own cos and sin at every position, `(positions, features)`.
+
+    KerasHub repeats the frequencies for the two halves of the features;
+    where the halves are equal only one is kept, as in vLLM's cache.
+    """
     size = layer._rotary_table_size
     with torch.inference_mode(False), torch.no_grad():
         cos, sin = layer._keras_cos_sin(
             torch.zeros(1, size, inputs.shape[-1], dtype=inputs.dtype),
             positions=torch.arange(size)[None],
         )
-    return cos.reshape(size, -1), sin.reshape(size, -1)
+    cos, sin = cos.reshape(size, -1), sin.reshape(size, -1)
+    cos_halves, sin_halves = cos.chunk(2, -1), sin.chunk(2, -1)
+    if torch.equal(*cos_halves) and torch.equal(*sin_halves):
+        return cos_halves[0].clone(), sin_halves[0].clone()
+    return cos, sin
 
 
 def _table_class(cls):
