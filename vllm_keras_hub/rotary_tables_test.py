@@ -1,7 +1,6 @@
 """Rotary tables: KerasHub's cos/sin, computed once per position."""
 
 import keras
-import keras_hub
 import pytest
 import torch
 from keras_hub.src.layers.modeling.rotary_embedding import RotaryEmbedding
@@ -48,7 +47,9 @@ def test_layers_with_the_same_settings_share_one_table():
         assert use_rotary_tables(backbone, max_positions=16) == 2
         actual = serving_step(backbone, 5)
     torch.testing.assert_close(actual, expected, rtol=0, atol=0)
-    first, second = (layer.attention.rope_layer for layer in backbone.transformer_layers)
+    first, second = (
+        layer.attention.rope_layer for layer in backbone.transformer_layers
+    )
     assert first._rotary_tables is second._rotary_tables
     assert len(first._rotary_tables) == 1
 
