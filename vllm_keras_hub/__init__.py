@@ -5,11 +5,11 @@ preset's own KerasHub layers on Keras's torch backend, with attention handed to
 vLLM's paged KV cache.
 """
 
-import os
+from vllm_keras_hub import backend
 
 # KerasHub layers must run on torch to live inside vLLM's torch model runner.
 # Set before anything imports keras; `backend.require_torch_backend()` checks it.
-os.environ.setdefault("KERAS_BACKEND", "torch")
+backend.default_to_torch()
 
 __version__ = "0.1.0"
 

@@ -62,7 +62,7 @@ def serve(model, vllm_argv):
     from vllm.logger import configure_logging_from_args
 
     from vllm_keras_hub.llm import default_kv_cache_bytes
-    from vllm_keras_hub.model import LOAD_FORMAT
+    from vllm_keras_hub.config import LOAD_FORMAT
     from vllm_keras_hub.plugin import register
     from vllm_keras_hub.preset_folder import ModelFolder
 
@@ -101,7 +101,7 @@ def serve(model, vllm_argv):
 
 def export(model, directory):
     """Writes the model folder of MODEL into `directory` (new or empty)."""
-    from vllm_keras_hub.model import LOAD_FORMAT
+    from vllm_keras_hub.config import LOAD_FORMAT
     from vllm_keras_hub.preset_folder import write_model_folder
 
     preset, _ = _preset_of(model)

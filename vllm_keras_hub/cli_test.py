@@ -10,6 +10,7 @@ from vllm_keras_hub import families
 from vllm_keras_hub.testing.presets import build_tiny_preset
 from vllm_keras_hub.testing.server import free_port
 from vllm_keras_hub.testing.server import running_server
+from vllm_keras_hub.testing.user_env import user_env
 
 ENGINE_STARTED = "Starting to load model"
 
@@ -65,7 +66,8 @@ def test_exported_folder_serves_with_plain_vllm(tmp_path):
         "--port", str(port), "--kv-cache-memory-bytes", str(1 << 30),
         "--max-model-len", "128",
     ]  # fmt: skip
-    with running_server(command, port) as (base_url, _):
+    # As a user's fresh shell runs it: no KERAS_BACKEND (see plugin_test.py).
+    with running_server(command, port, env=user_env()) as (base_url, _):
         client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0)
         completion = client.completions.create(
             model=folder, prompt="Hello", max_tokens=5, temperature=0, extra_body={"ignore_eos": True}

@@ -11,6 +11,8 @@ from transformers import PretrainedConfig
 
 MODEL_TYPE = "keras_hub_torch"
 ARCHITECTURE = "KerasHubForCausalLM"
+# The load format that builds a KerasHub model from its preset (`loader.py`).
+LOAD_FORMAT = "keras_hub"
 # The tokenizer mode under which keras-hub's own `KerasHubTokenizer` serves a
 # tokenizer that cannot be exported exactly.
 KERAS_HUB_TOKENIZER_MODE = "keras_hub"

@@ -4,7 +4,7 @@ import os
 
 import vllm
 
-from vllm_keras_hub.model import LOAD_FORMAT
+from vllm_keras_hub.config import LOAD_FORMAT
 from vllm_keras_hub.plugin import register
 from vllm_keras_hub.preset_folder import ModelFolder
 from vllm_keras_hub.preset_folder import strip_prefix

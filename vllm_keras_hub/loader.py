@@ -7,7 +7,7 @@ none), and `dummy` would re-initialise every parameter, the KerasHub ones too.
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
-from vllm_keras_hub.model import LOAD_FORMAT
+from vllm_keras_hub.config import LOAD_FORMAT
 
 
 @register_model_loader(LOAD_FORMAT)

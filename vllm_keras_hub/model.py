@@ -18,6 +18,11 @@ weights prepacked for vLLM's CPU GEMM, as vLLM's own linear layers do
 import dataclasses
 import sys
 
+from vllm_keras_hub.backend import require_torch_backend
+
+# Before anything below imports Keras: a clear error for another backend.
+require_torch_backend()
+
 import torch
 from keras_hub.src.vllm.context import vllm_context_scope
 from torch import nn
@@ -29,15 +34,13 @@ from vllm.platforms import current_platform
 
 from vllm_keras_hub import families
 from vllm_keras_hub import routes
-from vllm_keras_hub.backend import require_torch_backend
+from vllm_keras_hub.config import LOAD_FORMAT
 from vllm_keras_hub.cpu_gemm import use_vllm_cpu_gemm
 from vllm_keras_hub.direct_calls import use_direct_calls
 from vllm_keras_hub.dynamo_substitutes import substitute_keras_helpers
 from vllm_keras_hub.rotary_tables import use_rotary_tables
 from vllm_keras_hub.saved_compile import load_saved_compiles
 from vllm_keras_hub.text_forward import text_forward
-
-LOAD_FORMAT = "keras_hub"
 
 logger = init_logger(__name__)
 

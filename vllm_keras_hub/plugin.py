@@ -1,7 +1,10 @@
 """vLLM plugin: registers the KerasHub pieces in every vLLM process.
 
 vLLM calls the `vllm.general_plugins` entry point once in each process (front
-end, engine core, workers), so a plain `vllm serve` finds them too.
+end, engine core, workers), so a plain `vllm serve` finds them too. It runs
+for every model vLLM serves, so it imports neither Keras nor KerasHub: the
+model class is registered by name and imported only when a KerasHub model is
+built (see `backend.py` for why that matters).
 """
 
 ARCHITECTURE_CLASS = "vllm_keras_hub.model:KerasHubForCausalLM"
@@ -12,14 +15,16 @@ def register():
 
     Re-entrant: vLLM may call it more than once in a process.
     """
-    import vllm_keras_hub  # noqa: F401 - defaults KERAS_BACKEND to torch.
     from vllm import ModelRegistry
     from vllm.renderers.registry import RENDERER_REGISTRY
     from vllm.tokenizers.registry import TokenizerRegistry
 
+    from vllm_keras_hub import backend
     from vllm_keras_hub import config
     from vllm_keras_hub import loader  # noqa: F401 - registers the format.
 
+    # keras-hub's own entry point may have failed to import Keras just before.
+    backend.forget_failed_keras_import()
     config.register_config()
     if config.ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(config.ARCHITECTURE, ARCHITECTURE_CLASS)

@@ -21,7 +21,7 @@ def free_port():
 
 
 @contextlib.contextmanager
-def running_server(command, port, timeout_s=STARTUP_TIMEOUT_S):
+def running_server(command, port, timeout_s=STARTUP_TIMEOUT_S, env=None):
     """Runs `command` (a server on `port`) until the block exits.
 
     Yields once `/health` answers 200. The server's output goes to a log file
@@ -31,13 +31,18 @@ def running_server(command, port, timeout_s=STARTUP_TIMEOUT_S):
         command: The argv to run.
         port: The loopback port it listens on.
         timeout_s: How long start-up may take.
+        env: The server's environment; this process's by default.
 
     Yields:
         `(base_url, process)`.
     """
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     process = subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
     )
     base_url = f"http://127.0.0.1:{port}"
     try:
