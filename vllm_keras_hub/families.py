@@ -19,7 +19,7 @@ class Family:
         backbone: The KerasHub backbone class name presets record.
         route: Where attention reaches vLLM: `"keras_hub"` for the serving
             route keras-hub itself ships, `"vllm_keras_hub"` for one of
-            `routes.ROUTES`, `None` for no route.
+            `layers.attention.ROUTES`, `None` for no route.
         stop_tokens: Turn-end tokens the family's `CausalLM.generate()`
             stops on besides the tokenizer's `end_token_id` (and
             `end_token2_id`, read from the tokenizer itself).
@@ -41,10 +41,10 @@ FAMILIES = (
     Family("llama3", "Llama3", "Llama3Backbone"),
     Family("mistral", "Mistral", "MistralBackbone"),
     # Our route, not keras-hub's: keras-hub's passes a sliding window that
-    # Qwen's `generate()` never applies on torch (see routes._qwen).
+    # Qwen's `generate()` never applies on torch (see layers/attention_routes.py, `qwen`).
     Family("qwen", "Qwen 2/2.5", "QwenBackbone", "vllm_keras_hub"),
     # Our route, not keras-hub's: keras-hub's passes a sliding window that
-    # Qwen3's `generate()` never applies on torch (see routes._qwen3).
+    # Qwen3's `generate()` never applies on torch (see layers/attention_routes.py, `qwen3`).
     Family("qwen3", "Qwen3", "Qwen3Backbone", "vllm_keras_hub"),
     Family("gemma", "Gemma / Gemma2", "GemmaBackbone"),
     Family(
@@ -56,13 +56,13 @@ FAMILIES = (
     Family("smollm3", "SmolLM3", "SmolLM3Backbone", "vllm_keras_hub"),
     Family("phi3", "Phi-3", "Phi3Backbone", "vllm_keras_hub", ("<|end|>",)),
     # Served as the model's forward computes it; KerasHub's own cached
-    # decode rotates the query at position 0 (see routes._gpt_neox).
+    # decode rotates the query at position 0 (see layers/attention_routes.py, `gpt_neox`).
     Family("gpt_neox", "GPT-NeoX", "GPTNeoXBackbone", "vllm_keras_hub"),
     Family("bloom", "Bloom", "BloomBackbone", "vllm_keras_hub"),
     Family("falcon", "Falcon", "FalconBackbone", "vllm_keras_hub"),
     Family("gpt_oss", "GPT-OSS", "GptOssBackbone", "vllm_keras_hub"),
     # KV sharing: the last `num_kv_shared_layers` layers attend over an
-    # earlier layer's cache (routes.KV_SHARING_TARGETS).
+    # earlier layer's cache (layers.attention.KV_SHARING_TARGETS).
     Family(
         "gemma3n", "Gemma3n", "Gemma3nBackbone", "vllm_keras_hub", ("<end_of_turn>",)
     ),

@@ -8,11 +8,11 @@ vLLM's per-token positions and hands q/k/v to keras-hub's paged-attention
 bridge, which calls the layer's vLLM `Attention`. vLLM's paged KV cache and the
 platform's attention kernel do the attention; everything else stays KerasHub.
 
-The backbone's layers call their own `call()` directly (`direct_calls`), so
+The backbone's layers call their own `call()` directly (`compile/direct_calls.py`), so
 vLLM's default mode can compile the whole step with torch.compile, as it does
 for its own models. On the CPU their Dense/EinsumDense matmuls run on the
 weights prepacked for vLLM's CPU GEMM, as vLLM's own linear layers do
-(`cpu_gemm`).
+(`layers/linear.py`).
 """
 
 import dataclasses
@@ -33,13 +33,13 @@ from vllm.logger import init_logger
 from vllm.platforms import current_platform
 
 from vllm_keras_hub import families
-from vllm_keras_hub import routes
+from vllm_keras_hub.compile.direct_calls import use_direct_calls
+from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
+from vllm_keras_hub.compile.saved_compile import load_saved_compiles
 from vllm_keras_hub.config import LOAD_FORMAT
-from vllm_keras_hub.cpu_gemm import use_vllm_cpu_gemm
-from vllm_keras_hub.direct_calls import use_direct_calls
-from vllm_keras_hub.dynamo_substitutes import substitute_keras_helpers
-from vllm_keras_hub.rotary_tables import use_rotary_tables
-from vllm_keras_hub.saved_compile import load_saved_compiles
+from vllm_keras_hub.layers import attention as attention_layers
+from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
+from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
 from vllm_keras_hub.text_forward import text_forward
 
 logger = init_logger(__name__)
@@ -97,7 +97,7 @@ def _routing_attention_layer():
 
 def _transformer_layers(backbone):
     try:
-        return routes.transformer_layers(backbone)
+        return attention_layers.transformer_layers(backbone)
     except ValueError as e:
         raise RouteError(str(e)) from e
 
@@ -221,7 +221,7 @@ class KerasHubForCausalLM(nn.Module):
         self._final_logit_cap = None
         self.attention = nn.ModuleList()
         self._route_layers = []
-        # Matmul layers moved to vLLM's prepacked CPU GEMM (`cpu_gemm`).
+        # Matmul layers moved to vLLM's prepacked CPU GEMM (`layers/linear.py`).
         self.cpu_gemm_layers = 0
 
     def load_preset(self):
@@ -238,7 +238,7 @@ class KerasHubForCausalLM(nn.Module):
         backbone = keras_hub.models.Backbone.from_preset(
             self.preset, dtype=backbone_dtype(self.preset, dtype)
         )
-        routes.install(backbone, self.family)
+        attention_layers.install(backbone, self.family)
         use_direct_calls(backbone)
         use_rotary_tables(backbone, self.vllm_config.model_config.max_model_len)
         substitute_keras_helpers()
@@ -379,7 +379,7 @@ class KerasHubForCausalLM(nn.Module):
 
     def embed_input_ids(self, input_ids):
         """The token embedding (Gemma3n's includes its embedding scale)."""
-        return routes.token_embedding(self.backbone)(input_ids)
+        return attention_layers.token_embedding(self.backbone)(input_ids)
 
     def forward(
         self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None
@@ -437,7 +437,7 @@ class KerasHubForCausalLM(nn.Module):
         soft cap (Gemma2); a task-level one (Gemma4's `final_logit_cap`)
         follows.
         """
-        logits = routes.token_embedding(self.backbone)(hidden_states, reverse=True)
+        logits = attention_layers.token_embedding(self.backbone)(hidden_states, reverse=True)
         cap = self._final_logit_cap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

@@ -12,7 +12,7 @@ import os
 import keras
 import keras_hub
 
-from vllm_keras_hub import routes
+from vllm_keras_hub.layers import attention
 from vllm_keras_hub.testing.tokenizers import make_tokenizer
 
 WINDOW = 8
@@ -386,7 +386,7 @@ def build_tiny_preset(family, directory, seed=0, logit_scale=None, multimodal=Fa
     for variable in embedding.weights:
         variable.assign(variable * logit_scale)
     kernel_scale = _LAYER_KERNEL_SCALE.get(family, DEFAULT_LAYER_KERNEL_SCALE)
-    for layer in routes.transformer_layers(backbone):
+    for layer in attention.transformer_layers(backbone):
         for variable in layer.weights:
             if len(variable.shape) >= 2:
                 variable.assign(variable * kernel_scale)

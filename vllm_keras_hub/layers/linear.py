@@ -17,6 +17,7 @@ a packed layout without a second copy (vLLM's own models keep one). In
 float32 its output projection runs on oneDNN over Keras's own tensor.
 """
 
+import functools
 import math
 
 import torch
@@ -230,6 +231,20 @@ def _pack(matrix):
     return linear.cpu_linear
 
 
+@functools.cache
+def packs(dtype):
+    """Whether vLLM's CPU GEMM dispatch prepacks weights of `dtype` here.
+
+    oneDNN's bfloat16 matmul needs AVX-512 (BF16) or AMX; on an AVX2-only
+    CPU vLLM's dispatch falls back to torch's linear for its own layers,
+    and a KerasHub layer then keeps Keras's matmul.
+
+    Args:
+        dtype: A torch floating dtype.
+    """
+    return _pack(torch.zeros(32, 32, dtype=dtype)) is not None
+
+
 def use_vllm_cpu_gemm(model, step):
     """Moves a built model's plain matmul weights to vLLM's CPU GEMM.
 
@@ -269,6 +284,8 @@ def use_vllm_cpu_gemm(model, step):
         if getattr(layer, "lora_enabled", False):
             continue
         if weight[0].dtype != layer.compute_dtype:
+            continue
+        if not packs(weight[0].value.dtype):
             continue
         chosen.append((layer, weight))
     packed = []

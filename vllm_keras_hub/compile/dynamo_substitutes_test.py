@@ -7,10 +7,10 @@ import pytest
 import torch
 from keras import ops
 
-from vllm_keras_hub.direct_calls import use_direct_calls
-from vllm_keras_hub.direct_calls_test import serving_step
-from vllm_keras_hub.direct_calls_test import tiny_gemma
-from vllm_keras_hub.dynamo_substitutes import substitute_keras_helpers
+from vllm_keras_hub.compile.direct_calls import use_direct_calls
+from vllm_keras_hub.compile.direct_calls_test import serving_step
+from vllm_keras_hub.compile.direct_calls_test import tiny_gemma
+from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
 
 
 def traced_ops(function, *args):

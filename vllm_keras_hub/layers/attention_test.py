@@ -6,8 +6,9 @@ import torch
 from keras_hub.src.vllm.context import vllm_context_scope
 
 from vllm_keras_hub import families
-from vllm_keras_hub import routes
-from vllm_keras_hub.routes import transformer_layers
+from vllm_keras_hub.layers import attention
+from vllm_keras_hub.layers import attention_routes
+from vllm_keras_hub.layers.attention import transformer_layers
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import backbone_kwargs
 from vllm_keras_hub.testing.presets import WINDOW
@@ -123,7 +124,7 @@ def served_hidden_states(backbone, paged_attention, token_ids=None):
 @pytest.mark.parametrize("family", OUR_FAMILIES)
 def test_route_equals_the_layers_own_attention(family):
     backbone = tiny_backbone(family)
-    routes.install(backbone, family_of(family))
+    attention.install(backbone, family_of(family))
     token_ids = np.random.default_rng(0).integers(1, 64, (1, NUM_TOKENS))
     expected = hidden_states(backbone, token_ids)[0]
     routed = served_hidden_states(backbone, reference_attention, token_ids[0])[:, 0]
@@ -136,21 +137,21 @@ def test_install_routes_these_instances_only(family):
     other = tiny_backbone(family)
     token_ids = np.arange(1, 11)[None]
     before = hidden_states(backbone, token_ids)
-    routes.install(backbone, family_of(family))
+    attention.install(backbone, family_of(family))
     attention_layers = [
-        routes._attention_layer(layer) for layer in transformer_layers(backbone)
+        attention._attention_layer(layer) for layer in transformer_layers(backbone)
     ]
     assert all("call" in vars(layer) for layer in attention_layers)
     assert all("_compute_vllm_attention" in vars(layer) for layer in attention_layers)
     for layer in transformer_layers(other):
-        assert "call" not in vars(routes._attention_layer(layer))
+        assert "call" not in vars(attention._attention_layer(layer))
     # Outside a serving context the layers run their own code unchanged.
     np.testing.assert_array_equal(hidden_states(backbone, token_ids), before)
 
 
 def test_keras_hub_route_installs_nothing():
     backbone = tiny_backbone("mistral")
-    routes.install(backbone, families.family_by_name("mistral"))
+    attention.install(backbone, families.family_by_name("mistral"))
     for layer in backbone.transformer_layers:
         assert "call" not in vars(layer._self_attention_layer)
 
@@ -165,7 +166,7 @@ def test_qwen_routes_drop_the_window_as_keras_hub_does(family):
     token_ids = np.arange(1, NUM_TOKENS + 1)[None]
     windowed = hidden_states(backbone, token_ids)
     attention_layers = [
-        routes._attention_layer(layer) for layer in backbone.transformer_layers
+        attention._attention_layer(layer) for layer in backbone.transformer_layers
     ]
     for layer in attention_layers:
         assert layer.sliding_window_size == WINDOW
@@ -180,21 +181,21 @@ def test_qwen_routes_drop_the_window_as_keras_hub_does(family):
         windows.append(sliding_window)
         return reference_attention(*args, sliding_window=sliding_window, **kwargs)
 
-    routes.install(backbone, family_of(family))
+    attention.install(backbone, family_of(family))
     served_hidden_states(backbone, record)
     assert windows == [None, None]
 
 
 def test_phi3_su_rotary_per_token_equals_keras_hub_decoding():
     backbone = tiny_backbone("phi3_su")
-    rotary = routes._attention_layer(
+    rotary = attention._attention_layer(
         backbone.transformer_layers[0]
     ).rotary_embedding_layer
     pretraining = rotary.pretraining_sequence_length
     positions = np.array([0, 5, pretraining - 1, pretraining, 3 * pretraining])
     inputs = np.random.default_rng(0).normal(size=(len(positions), 1, 4, 32))
     inputs = keras.ops.convert_to_tensor(inputs, "float32")
-    routed = routes._phi3_su_rotary(
+    routed = attention_routes.phi3_su_rotary(
         rotary, inputs, keras.ops.convert_to_tensor(positions[:, None])
     )
     for row, position in enumerate(positions):
@@ -213,7 +214,7 @@ def test_gpt_oss_hands_vllm_its_sinks_and_keras_hubs_window():
     # `sliding_window`. Serving follows KerasHub; that this is what KerasHub
     # computes is `test_route_equals_the_layers_own_attention[gpt_oss]`.
     backbone = tiny_backbone("gpt_oss")
-    layers = [routes._attention_layer(layer) for layer in backbone.transformer_layers]
+    layers = [attention._attention_layer(layer) for layer in backbone.transformer_layers]
     assert [layer.sliding_window for layer in layers] == [None, WINDOW]
     options = []
 
@@ -221,7 +222,7 @@ def test_gpt_oss_hands_vllm_its_sinks_and_keras_hubs_window():
         options.append(kwargs)
         return reference_attention(*args, **kwargs)
 
-    routes.install(backbone, family_of("gpt_oss"))
+    attention.install(backbone, family_of("gpt_oss"))
     served_hidden_states(backbone, record)
     assert [o["sliding_window"] for o in options] == [None, WINDOW + 1]
     for layer, o in zip(layers, options):
@@ -235,8 +236,8 @@ def test_gpt_oss_hands_vllm_its_sinks_and_keras_hubs_window():
 def test_last_layers_share_the_kv_of_the_last_earlier_layer_of_their_type(family):
     # Tiny presets: sliding, full, sliding, full; the last 2 layers shared.
     backbone = tiny_backbone(family)
-    routes.install(backbone, family_of(family))
-    layers = [routes._attention_layer(layer) for layer in transformer_layers(backbone)]
+    attention.install(backbone, family_of(family))
+    layers = [attention._attention_layer(layer) for layer in transformer_layers(backbone)]
     assert [layer._vllm_kv_sharing_target for layer in layers] == [None, None, 0, 1]
     options = []
 
@@ -255,7 +256,7 @@ def test_last_layers_share_the_kv_of_the_last_earlier_layer_of_their_type(family
 def test_gemma4_hands_vllm_per_layer_head_sizes_and_its_soft_cap():
     # Global layers: `global_head_dim` 128 and one K=V head; local: 32 and 2.
     backbone = tiny_backbone("gemma4")
-    routes.install(backbone, family_of("gemma4"))
+    attention.install(backbone, family_of("gemma4"))
     options = []
 
     def record(*args, **kwargs):
@@ -274,12 +275,12 @@ def test_gemma4_drafter_backbone_is_refused():
     kwargs = {**backbone_kwargs("gemma4", 64), "num_kv_shared_layers": 4}
     backbone = getattr(keras_hub.models, backbone_name)(**kwargs)
     with pytest.raises(ValueError, match="drafter"):
-        routes.install(backbone, family_of("gemma4"))
+        attention.install(backbone, family_of("gemma4"))
 
 
 def test_gemma4_bidirectional_embedding_model_is_refused():
     backbone = tiny_backbone("gemma4")
-    routes.install(backbone, family_of("gemma4"))
+    attention.install(backbone, family_of("gemma4"))
     for block in backbone.transformer_layers:
         block.attention.use_bidirectional_attention = True
     with pytest.raises(ValueError, match="bidirectional attention"):

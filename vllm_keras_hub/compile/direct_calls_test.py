@@ -6,7 +6,7 @@ import pytest
 import torch
 from keras_hub.src.vllm.context import vllm_context_scope
 
-from vllm_keras_hub.direct_calls import use_direct_calls
+from vllm_keras_hub.compile.direct_calls import use_direct_calls
 
 
 def tiny_gemma(dtype):

@@ -1,0 +1,1 @@
+"""What makes Keras's Python traceable by torch.compile, and its compile reusable."""

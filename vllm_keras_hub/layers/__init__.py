@@ -1,0 +1,1 @@
+"""What hands a KerasHub model's heavy ops to vLLM's layers and kernels."""

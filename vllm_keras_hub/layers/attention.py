@@ -1,0 +1,175 @@
+"""Attention layers hand their q/k/v to vLLM: the install and dispatch.
+
+keras-hub 0.32 ships a serving route (`_compute_vllm_attention`, reached from
+a context check at the top of `call`) in 8 families' attention layers. For
+the others, `install` gives the loaded backbone's attention layers the same
+kind of route (`attention_routes.py`, `attention_routes_gemma.py`), so the
+rest of the serving path is shared. Only the instances of one loaded
+backbone get a route; keras-hub's classes are never modified.
+"""
+
+import types
+
+from keras import ops
+from keras_hub.src.vllm.context import get_vllm_context
+
+from vllm_keras_hub.layers import attention_routes as routes
+from vllm_keras_hub.layers import attention_routes_gemma as gemma
+
+
+def transformer_layers(backbone):
+    """The backbone's transformer layers, one attention layer each.
+
+    Gemma3n keeps them in its text model (`language_model`), not on the
+    backbone.
+
+    Raises:
+        ValueError: the backbone has none.
+    """
+    for owner in (backbone, getattr(backbone, "language_model", None)):
+        layers = getattr(owner, "transformer_layers", None)
+        if layers is not None:
+            return list(layers)
+    raise ValueError(
+        f"{type(backbone).__name__} has no `transformer_layers`; "
+        "vllm-keras-hub cannot map its attention to vLLM."
+    )
+
+
+def token_embedding(backbone):
+    """The backbone's token embedding, also its (tied) output projection.
+
+    Gemma3n's is its text model's `token_embedding` (embedding scale and
+    final logit soft cap included); `backbone.token_embedding` is `None`.
+    """
+    if backbone.token_embedding is not None:
+        return backbone.token_embedding
+    return backbone.language_model.token_embedding
+
+
+# Attention-layer class name -> the family route computing its output from
+# `(layer, hidden_states, positions)`, positions shaped `(num_tokens, 1)`.
+ROUTES = {
+    "CachedMixtralAttention": routes.mixtral,
+    "QwenAttention": routes.qwen,
+    "QwenMoeAttention": routes.qwen_moe,
+    "Qwen3Attention": routes.qwen3,
+    "Qwen3MoeAttention": routes.qwen3,
+    "SmolLM3Attention": routes.smollm3,
+    "Phi3Attention": routes.phi3,
+    "BloomAttention": routes.bloom,
+    "FalconAttention": routes.falcon,
+    "GPTNeoXAttention": routes.gpt_neox,
+    "GptOssAttention": routes.gpt_oss,
+    "Gemma3nTextAttention": gemma.gemma3n,
+    "Gemma4TextAttention": gemma.gemma4,
+}
+
+# Attention-layer classes whose `call` returns `(output, cache)` even when the
+# cache is `None`, as their decoders unpack it.
+RETURNS_CACHE_ALWAYS = ("GPTNeoXAttention", "Gemma4TextAttention")
+
+# Attention-layer classes whose `call` returns `(output, weights, cache)`.
+RETURNS_WEIGHTS_AND_CACHE = ("Gemma3nTextAttention",)
+
+# Attention-layer class name -> the index of the earlier layer whose K/V
+# each layer reads (`None`: its own), from the backbone. Read once at
+# install into each layer's `_vllm_kv_sharing_target`; the route passes it
+# on, and the serving model gives that layer's vLLM `Attention` the target's
+# cache (`kv_sharing_target_layer_name`).
+KV_SHARING_TARGETS = {
+    "Gemma3nTextAttention": gemma.gemma3n_kv_sharing_targets,
+    "Gemma4TextAttention": gemma.gemma4_kv_sharing_targets,
+}
+
+# Attention-layer class name -> its ALiBi slopes, as vLLM adds them (after the
+# softmax scale), from `(transformer_layer, attention_layer)`. Read once at
+# install into the layer's `_vllm_alibi_slopes`.
+ALIBI_SLOPES = {
+    "BloomAttention": routes.bloom_alibi_slopes,
+    "FalconAttention": routes.falcon_alibi_slopes,
+}
+
+
+def _compute_vllm_attention(self, hidden_states, cache, vllm_context):
+    """The route every installed layer takes while vLLM serves.
+
+    Named like keras-hub's own routes: the serving model finds the routing
+    layer as `self` of the `_compute_vllm_attention` frame.
+    """
+    positions = ops.reshape(vllm_context.positions, (-1, 1))
+    name = type(self).__name__
+    output = ROUTES[name](self, hidden_states, positions)
+    if name in RETURNS_WEIGHTS_AND_CACHE:
+        return output, None, cache
+    if cache is not None or name in RETURNS_CACHE_ALWAYS:
+        return output, cache
+    return output
+
+
+def _routed_call(self, *args, **kwargs):
+    """The layer's `call`, going to vLLM while a serving context is active.
+
+    Keras binds `__call__`'s arguments against `_call_signature`, taken from
+    the class's `call` when the layer was built, so the arguments arrive
+    here exactly as the class's `call` would receive them.
+    """
+    context = get_vllm_context()
+    if context is not None and context.paged_attention_func is not None:
+        arguments = self._call_signature.bind(*args, **kwargs).arguments
+        hidden_states = next(iter(arguments.values()))
+        # SmolLM3 takes its cache as `self_attention_cache` in `**kwargs`.
+        cache = arguments.get("cache")
+        if cache is None:
+            cache = arguments.get("kwargs", {}).get("self_attention_cache")
+        return self._compute_vllm_attention(hidden_states, cache, context)
+    return type(self).call(self, *args, **kwargs)
+
+
+def _attention_layer(transformer_layer):
+    """The one sublayer of `transformer_layer` that has a route in `ROUTES`."""
+    found = [
+        layer
+        for layer in transformer_layer._flatten_layers(include_self=False)
+        if type(layer).__name__ in ROUTES
+    ]
+    if len(found) != 1:
+        raise ValueError(
+            f"Expected one attention layer with a route in "
+            f"{transformer_layer.name}, found "
+            f"{[type(layer).__name__ for layer in found]}."
+        )
+    return found[0]
+
+
+def install(backbone, family):
+    """Gives `backbone`'s attention layers a vLLM route, where ours is needed.
+
+    Args:
+        backbone: The loaded KerasHub backbone.
+        family: Its `families.Family`; `family.route` says whose route it
+            uses: `"keras_hub"` (keras-hub's own, nothing to install) or
+            `"vllm_keras_hub"` (ours).
+    """
+    if family.route == "keras_hub":
+        return
+    if family.route != "vllm_keras_hub":
+        raise ValueError(f"{family.display_name} has no route to install.")
+    layers = [_attention_layer(block) for block in transformer_layers(backbone)]
+    targets = [None] * len(layers)
+    kv_sharing_targets = KV_SHARING_TARGETS.get(type(layers[0]).__name__)
+    if kv_sharing_targets is not None:
+        targets = kv_sharing_targets(backbone)
+    for transformer_layer, layer, target in zip(
+        transformer_layers(backbone), layers, targets
+    ):
+        layer._vllm_kv_sharing_target = target
+        alibi_slopes = ALIBI_SLOPES.get(type(layer).__name__)
+        if alibi_slopes is not None:
+            layer._vllm_alibi_slopes = tuple(
+                float(slope) for slope in alibi_slopes(transformer_layer, layer)
+            )
+        layer._compute_vllm_attention = types.MethodType(
+            _compute_vllm_attention, layer
+        )
+        layer.call = types.MethodType(_routed_call, layer)

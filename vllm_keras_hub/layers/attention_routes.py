@@ -1,0 +1,343 @@
+"""Attention routes to vLLM for the families keras-hub 0.32 has none for.
+
+Each route mirrors its layer's own `call`: the layer's own projections, its
+own rotary layer at vLLM's per-token positions, unexpanded K/V with the
+layer's own scale, sliding window, soft cap, ALiBi slopes or sinks into
+keras-hub's `vllm_paged_attention`, then the layer's own output projection.
+Each takes `(layer, hidden_states, positions)`, positions shaped
+`(num_tokens, 1)`. Gemma3n's and Gemma4's are in `attention_routes_gemma.py`.
+"""
+
+import functools
+
+from keras import ops
+from keras_hub.src.models.smollm3.smollm3_utils import apply_rotary_pos_emb
+from keras_hub.src.utils.keras_utils import fused_attention_op_available
+from keras_hub.src.vllm.attention import vllm_paged_attention
+from keras_hub.src.vllm.context import get_vllm_context
+
+
+def paged_attention(
+    query,
+    key,
+    value,
+    scale,
+    num_kv_heads=None,
+    sliding_window=None,
+    soft_cap=None,
+    **options,
+):
+    """keras-hub's `vllm_paged_attention`, with options it does not forward.
+
+    The bridge hands `paged_attention_func` only `sliding_window` and
+    `soft_cap` (always, so those two must go through the bridge: bound here
+    they would be overridden). For this one call, `options` (e.g.
+    `alibi_slopes`, `sinks`, `kv_sharing_target`) are bound onto the
+    context's function, so the bridge's own cache bookkeeping and reshapes
+    stay the only ones.
+    """
+    context = get_vllm_context()
+    paged_attention_func = context.paged_attention_func
+    context.paged_attention_func = functools.partial(paged_attention_func, **options)
+    try:
+        return vllm_paged_attention(
+            query,
+            key,
+            value,
+            scale,
+            num_kv_heads=num_kv_heads,
+            sliding_window=sliding_window,
+            soft_cap=soft_cap,
+        )
+    finally:
+        context.paged_attention_func = paged_attention_func
+
+
+def mixtral(layer, hidden_states, positions):
+    # `CachedMixtralAttention`: a copy of Mistral's with public sublayers.
+    query = layer.rotary_embedding_layer(
+        layer.query_dense(hidden_states), positions=positions
+    )
+    key = layer.rotary_embedding_layer(
+        layer.key_dense(hidden_states), positions=positions
+    )
+    value = layer.value_dense(hidden_states)
+    output = vllm_paged_attention(
+        query,
+        key,
+        value,
+        layer._inv_norm_factor,
+        num_kv_heads=layer.num_key_value_heads,
+        sliding_window=layer.sliding_window,
+    )
+    return layer.output_dense(output)
+
+
+def qwen(layer, hidden_states, positions):
+    # `QwenAttention` (Qwen 2/2.5). Replaces keras-hub's own route, which
+    # passes the window. KerasHub bug: `QwenAttention._compute_attention`
+    # applies `sliding_window_size` only on its non-fused path, and the fused
+    # one runs wherever `fused_attention_op_available()` (torch 2.x), so
+    # `generate()` attends to the whole context. Serve what the layer computes.
+    query = layer.rotary_embedding_layer(
+        layer._query_dense(hidden_states), positions=positions
+    )
+    key = layer.rotary_embedding_layer(
+        layer._key_dense(hidden_states), positions=positions
+    )
+    value = layer._value_dense(hidden_states)
+    sliding_window = None
+    if layer.use_sliding_window_attention and not fused_attention_op_available():
+        sliding_window = layer.sliding_window_size
+    output = vllm_paged_attention(
+        query,
+        key,
+        value,
+        layer._inv_norm_factor,
+        num_kv_heads=layer.num_key_value_heads,
+        sliding_window=sliding_window,
+    )
+    return layer._output_dense(output)
+
+
+def qwen_moe(layer, hidden_states, positions):
+    # `QwenMoeAttention`: Qwen's attention (q/k/v biases) with public q/k/v.
+    query = layer.rotary_embedding_layer(
+        layer.query_dense(hidden_states), positions=positions
+    )
+    key = layer.rotary_embedding_layer(
+        layer.key_dense(hidden_states), positions=positions
+    )
+    value = layer.value_dense(hidden_states)
+    sliding_window = (
+        layer.sliding_window_size if layer.use_sliding_window_attention else None
+    )
+    output = vllm_paged_attention(
+        query,
+        key,
+        value,
+        layer._inv_norm_factor,
+        num_kv_heads=layer.num_key_value_heads,
+        sliding_window=sliding_window,
+    )
+    return layer._output_dense(output)
+
+
+def qwen3(layer, hidden_states, positions):
+    # `Qwen3Attention` and its copy `Qwen3MoeAttention`: per-head q/k RMSNorm
+    # before RoPE. Replaces keras-hub's own Qwen3 route, which passes the
+    # window that `generate()` never applies (below).
+    query = layer._query_dense_layer_norm(layer._query_dense(hidden_states))
+    query = layer.rotary_embedding_layer(query, positions=positions)
+    key = layer._key_dense_layer_norm(layer._key_dense(hidden_states))
+    key = layer.rotary_embedding_layer(key, positions=positions)
+    value = layer._value_dense(hidden_states)
+    # KerasHub bug: `Qwen3(Moe)Attention._compute_attention` applies
+    # `sliding_window_size` only on its non-fused path, and the fused one runs
+    # wherever `fused_attention_op_available()` (torch 2.x and JAX), so
+    # `generate()` attends to the whole context. Serve what the layer computes
+    # (its HF converter also sets the window even when HF's
+    # `use_sliding_window` is off).
+    sliding_window = layer.sliding_window_size or None
+    if fused_attention_op_available():
+        sliding_window = None
+    output = vllm_paged_attention(
+        query,
+        key,
+        value,
+        layer._inv_norm_factor,
+        num_kv_heads=layer.num_key_value_heads,
+        sliding_window=sliding_window,
+    )
+    return layer._output_dense(output)
+
+
+def smollm3(layer, hidden_states, positions):
+    # `SmolLM3Attention`: Dense q/k/v reshaped to heads; no RoPE on NoPE
+    # layers (`use_rope` False, every 4th layer in SmolLM3-3B).
+    num_tokens = ops.shape(hidden_states)[0]
+    query = ops.reshape(
+        layer.q_proj(hidden_states),
+        (num_tokens, 1, layer.num_attention_heads, layer.head_dim),
+    )
+    key = ops.reshape(
+        layer.k_proj(hidden_states),
+        (num_tokens, 1, layer.num_key_value_heads, layer.head_dim),
+    )
+    value = ops.reshape(
+        layer.v_proj(hidden_states),
+        (num_tokens, 1, layer.num_key_value_heads, layer.head_dim),
+    )
+    if layer.use_rope:
+        # `SmolLM3RotaryEmbedding.call` takes only a start index; this is its
+        # computation, with its own `inv_freq`, at per-token positions.
+        rotary = layer.rotary_embedding
+        freqs = ops.cast(positions, "float32")[..., None] * ops.cast(
+            rotary.inv_freq, "float32"
+        )
+        embedding = ops.concatenate((freqs, freqs), axis=-1)
+        cos = ops.cos(embedding) * rotary.attention_scaling
+        sin = ops.sin(embedding) * rotary.attention_scaling
+        query, key = apply_rotary_pos_emb(query, key, cos, sin, expansion_axis=2)
+    output = vllm_paged_attention(
+        query,
+        key,
+        value,
+        layer._inv_norm_factor,
+        num_kv_heads=layer.num_key_value_heads,
+    )
+    return layer.o_proj(output)
+
+
+def phi3_su_rotary(rotary, inputs, positions):
+    """`Phi3SuScaledRotaryEmbedding` at per-token positions.
+
+    Its own `_compute_cos_sin_embedding` takes only 1-D positions and picks
+    the short or long factors from `start_index + seq_len`. This is the same
+    computation per token, with the rule `generate()` applies while decoding
+    (long factors from position `pretraining_sequence_length` on). Up to that
+    length it equals `generate()` exactly; past it, keras-hub's own prefill
+    picks one factor set for the whole padded batch.
+    """
+    long = ops.cast(positions >= rotary.pretraining_sequence_length, "float32")
+    # The factors are Keras-tracked lists, which torch.compile cannot turn
+    # into tensors; plain tuples of floats it can.
+    long_factor = tuple(float(f) for f in rotary.inverese_freq_long_factor)
+    short_factor = tuple(float(f) for f in rotary.inverese_freq_short_factor)
+    factor = long * ops.convert_to_tensor(long_factor, "float32") + (
+        1.0 - long
+    ) * ops.convert_to_tensor(short_factor, "float32")
+    inverse_freq = rotary._get_inverse_freq(ops.shape(inputs)[-1]) / factor
+    freq = ops.cast(positions, "float32") * inverse_freq
+    # `(num_tokens, head_dim)` -> `(num_tokens, 1, 1, head_dim)`, like `inputs`.
+    embedding = ops.concatenate((freq, freq), axis=-1)[:, None, None, :]
+    cos = ops.cast(
+        ops.cos(embedding) * rotary.embedding_scaling_factor, rotary.compute_dtype
+    )
+    sin = ops.cast(
+        ops.sin(embedding) * rotary.embedding_scaling_factor, rotary.compute_dtype
+    )
+    return rotary._apply_rotary_pos_emb(inputs, cos, sin)
+
+
+def phi3(layer, hidden_states, positions):
+    # `Phi3Attention`: plain RoPE, or "su" (LongRoPE) scaled RoPE.
+    query = layer.query_dense(hidden_states)
+    key = layer.key_dense(hidden_states)
+    value = layer.value_dense(hidden_states)
+    if layer.rope_scaling_type == "su":
+        query = phi3_su_rotary(layer.rotary_embedding_layer, query, positions)
+        key = phi3_su_rotary(layer.rotary_embedding_layer, key, positions)
+    else:
+        query = layer.rotary_embedding_layer(query, positions=positions)
+        key = layer.rotary_embedding_layer(key, positions=positions)
+    output = vllm_paged_attention(
+        query,
+        key,
+        value,
+        layer._inv_norm_factor,
+        num_kv_heads=layer.num_key_value_heads,
+    )
+    return layer.output_dense(output)
+
+
+def alibi_attention(layer, hidden_states, dense_layers):
+    # Multi-head attention with biases whose ALiBi slopes go to vLLM.
+    query_dense, key_dense, value_dense, output_dense = dense_layers
+    output = paged_attention(
+        query_dense(hidden_states),
+        key_dense(hidden_states),
+        value_dense(hidden_states),
+        layer.inv_norm_factor,
+        alibi_slopes=layer._vllm_alibi_slopes,
+    )
+    num_tokens = ops.shape(hidden_states)[0]
+    output = ops.reshape(output, (num_tokens, 1, layer.num_heads * layer.head_dim))
+    return output_dense(output)
+
+
+def bloom(layer, hidden_states, positions):
+    # `BloomAttention`: its `AlibiBias` adds `slope * (key_position -
+    # last_key_position)` to the scaled scores, which softmax sees exactly as
+    # vLLM's `slope * (key_position - query_position)` (a constant per query
+    # row); slopes are in head order.
+    return alibi_attention(
+        layer,
+        hidden_states,
+        (layer._query_dense, layer._key_dense, layer._value_dense, layer._output_dense),
+    )
+
+
+def bloom_alibi_slopes(transformer_layer, layer):
+    return layer._alibi_layer._get_slopes(layer.num_heads)
+
+
+def falcon(layer, hidden_states, positions):
+    # `FalconAttention` (RW-1B): the ALiBi bias comes from its decoder
+    # (`slope * key_position`), added before the softmax scale.
+    return alibi_attention(
+        layer,
+        hidden_states,
+        (layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense),
+    )
+
+
+def falcon_alibi_slopes(transformer_layer, layer):
+    # `FalconTransformerDecoder._build_alibi_tensor`'s slopes; the bias is
+    # added before the scale, so vLLM (which adds it after) gets them scaled.
+    slopes = transformer_layer._get_slopes(layer.num_heads)
+    return [slope * layer.inv_norm_factor for slope in slopes]
+
+
+def gpt_neox(layer, hidden_states, positions):
+    # `GPTNeoXAttention`: fused per-head q/k/v projection, RoPE on the first
+    # `rotary_dim` features of each head only. Here the query is rotated at
+    # its own position; KerasHub's cached decode (what `generate()` runs)
+    # rotates it at position 0, a KerasHub bug, so serving matches the
+    # layer's full-sequence forward instead (see `model_test.py`).
+    query_key_value = layer._qkv_dense(hidden_states)
+    size = layer.attn_head_size
+    query = query_key_value[..., :size]
+    key = query_key_value[..., size : 2 * size]
+    value = query_key_value[..., 2 * size :]
+
+    def rotate(x):
+        rotated = layer.rotary_embedding_layer(
+            x[..., : layer.rotary_dim], positions=positions
+        )
+        return ops.concatenate((rotated, x[..., layer.rotary_dim :]), axis=-1)
+
+    output = vllm_paged_attention(
+        rotate(query), rotate(key), value, layer._inv_norm_factor
+    )
+    num_tokens = ops.shape(hidden_states)[0]
+    output = ops.reshape(output, (num_tokens, 1, layer.hidden_dim))
+    return layer._output_dense(output)
+
+
+def gpt_oss(layer, hidden_states, positions):
+    # `GptOssAttention`: GQA with biases, YaRN RoPE on the first `_rotary_dim`
+    # features, learned sinks, a sliding window on odd layers.
+    def rotate(x):
+        if layer._rotary_dim < layer._head_dim:
+            rotated = layer.rotary_embedding_layer(
+                x[..., : layer._rotary_dim], positions=positions
+            )
+            return ops.concatenate((rotated, x[..., layer._rotary_dim :]), axis=-1)
+        return layer.rotary_embedding_layer(x, positions=positions)
+
+    # KerasHub's window keeps keys with `key_position >= query_position -
+    # sliding_window`: `sliding_window + 1` tokens, query included (HF's GPT-OSS
+    # keeps `sliding_window`, and windows the even layers where KerasHub
+    # windows the odd ones). Served as KerasHub computes it.
+    sliding_window = layer.sliding_window + 1 if layer.sliding_window else None
+    output = paged_attention(
+        rotate(layer.query_dense(hidden_states)),
+        rotate(layer.key_dense(hidden_states)),
+        layer.value_dense(hidden_states),
+        layer._inv_norm_factor,
+        num_kv_heads=layer.num_key_value_heads,
+        sliding_window=sliding_window,
+        sinks=ops.convert_to_tensor(layer.sinks),
+    )
+    return layer.output_dense(output)
