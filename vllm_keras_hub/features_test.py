@@ -29,7 +29,7 @@ from vllm.sampling_params import StructuredOutputsParams
 
 from vllm_keras_hub import smollm2
 from vllm_keras_hub.llm import KerasHubLLM
-from vllm_keras_hub.model import backbone_dtype
+from vllm_keras_hub.loader import backbone_dtype
 from vllm_keras_hub.testing.engines import in_process_engine_env
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model

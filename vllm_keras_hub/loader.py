@@ -10,6 +10,44 @@ from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm_keras_hub.config import LOAD_FORMAT
 
 
+def backbone_dtype(preset, dtype):
+    """The `dtype` to build a preset's backbone in, quantized ones included.
+
+    A backbone saved after `quantize("int8")` carries a `DTypePolicyMap` of
+    its quantized layers. `Backbone.from_preset(dtype="float32")` replaces
+    that map with the plain policy (keras-hub 0.32), so the layers are built
+    unquantized and their int8 weights fail to load. For such a preset this
+    returns the saved map with `dtype` as its default and as the quantized
+    layers' source dtype, as keras-hub does when a map is kept.
+    """
+    from keras_hub.src.utils.preset_utils import CONFIG_FILE
+    from keras_hub.src.utils.preset_utils import load_json
+    from keras_hub.src.utils.preset_utils import set_dtype_in_config
+
+    config = load_json(preset, CONFIG_FILE)
+    saved = config.get("config", {}).get("dtype")
+    if isinstance(saved, dict) and "DTypePolicyMap" in saved.get("class_name", ""):
+        return set_dtype_in_config(config, dtype)["config"]["dtype"]
+    return dtype
+
+
+def task_final_logit_cap(preset):
+    """The soft cap a preset's task, not its backbone, puts on the logits.
+
+    `Gemma4CausalLM(final_logit_cap=...)` caps the logits again after the
+    backbone's own `final_logit_soft_cap`; `None` where the preset's
+    `task.json` sets none (or it has none).
+    """
+    from keras_hub.src.utils.preset_utils import TASK_CONFIG_FILE
+    from keras_hub.src.utils.preset_utils import check_file_exists
+    from keras_hub.src.utils.preset_utils import load_json
+
+    if not check_file_exists(preset, TASK_CONFIG_FILE):
+        return None
+    cap = load_json(preset, TASK_CONFIG_FILE).get("config", {}).get("final_logit_cap")
+    return float(cap) if cap else None
+
+
 @register_model_loader(LOAD_FORMAT)
 class KerasHubModelLoader(BaseModelLoader):
     """Loads a `KerasHubForCausalLM` with `Backbone.from_preset`."""

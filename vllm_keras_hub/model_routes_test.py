@@ -1,6 +1,7 @@
 """The route guard: every transformer layer hands attention to vLLM once."""
 
 import dataclasses
+import types
 
 import keras_hub
 import pytest
@@ -26,6 +27,30 @@ def test_layer_that_stops_routing_fails_the_step(tmp_path):
         )
         with pytest.raises(Exception, match="1 of 2 transformer layers handed"):
             llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_moe_block_that_stops_routing_fails_the_step(tmp_path):
+    preset = build_tiny_preset("qwen3_moe", str(tmp_path))
+    with in_process_llm(f"keras_hub:{preset}") as llm:
+        model = served_model(llm)
+        assert len(model.moe) == 2
+        # Block 0 now answers without handing its experts to vLLM.
+        block = model.moe_blocks[0]
+        block.call = lambda hidden_states, *args, **kwargs: (hidden_states, None)
+        with pytest.raises(Exception, match="1 of 2 MoE blocks handed"):
+            llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_moe_blocks_must_each_route_once_at_start_up():
+    from vllm_keras_hub.probe import Probe
+    from vllm_keras_hub.probe import RouteError
+    from vllm_keras_hub.probe import check_moe_routes
+
+    first, second = (types.SimpleNamespace(name=f"block_{i}") for i in range(2))
+    check_moe_routes(Probe([], [], [first, second]), [first, second], "m")
+    for calls in ([first], [first, first, second], [first, second, object()]):
+        with pytest.raises(RouteError, match="exactly once"):
+            check_moe_routes(Probe([], [], calls), [first, second], "m")
 
 
 def test_family_without_route_fails_at_start_up(tmp_path, monkeypatch):
@@ -58,7 +83,7 @@ def test_family_without_route_fails_at_start_up(tmp_path, monkeypatch):
 
 
 def _spec(num_kv_heads=2, head_size=32, kv_sharing_target=None):
-    from vllm_keras_hub.model import AttentionSpec
+    from vllm_keras_hub.probe import AttentionSpec
 
     return AttentionSpec(
         num_heads=4,
@@ -83,9 +108,9 @@ def _spec(num_kv_heads=2, head_size=32, kv_sharing_target=None):
     ],
 )
 def test_kv_sharing_layer_must_fit_its_targets_cache(specs, message):
-    from vllm_keras_hub.model import RouteError
-    from vllm_keras_hub.model import _check_kv_sharing
+    from vllm_keras_hub.probe import RouteError
+    from vllm_keras_hub.probe import check_kv_sharing
 
     with pytest.raises(RouteError, match=message):
-        _check_kv_sharing(specs)
-    _check_kv_sharing([_spec(), _spec(), _spec(kv_sharing_target=0)])
+        check_kv_sharing(specs)
+    check_kv_sharing([_spec(), _spec(), _spec(kv_sharing_target=0)])

@@ -95,9 +95,26 @@ def record_features(family, model):
         window=any(spec.sliding_window for spec in specs),
         soft_cap=any(spec.soft_cap for spec in specs),
         sinks=any(getattr(spec, "sinks", None) is not None for spec in specs),
-        # Gemma4 configs name `num_experts` (None) without MoE.
-        moe=bool(model.backbone.get_config().get("num_experts")),
+        moe=len(model.moe) > 0,
     )
+
+
+# Every layer of these tiny presets has an MoE block.
+MOE_FAMILIES = ("gemma4_moe", "gpt_oss", "mixtral", "qwen3_moe", "qwen_moe")
+
+
+def assert_experts_on_vllm(family, model):
+    """Each MoE block's experts are a vLLM `FusedMoE`; Keras's copy is gone."""
+    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+
+    from vllm_keras_hub.layers import moe_routes
+
+    expected = len(model.attention) if family in MOE_FAMILIES else 0
+    assert len(model.moe) == len(model.moe_blocks) == expected
+    for block, runner in zip(model.moe_blocks, model.moe):
+        assert isinstance(runner, MoERunner)
+        for variable in moe_routes.route_of(block).variables(block):
+            assert variable.value.numel() == 0, (block.name, variable.path)
 
 
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
@@ -112,8 +129,10 @@ def test_greedy_parity_batched(family, presets, references):
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         model = served_model(llm)
         record_features(family, model)
-        # Parity holds with the matmuls on vLLM's prepacked CPU GEMM.
+        # Parity holds with the matmuls on vLLM's prepacked CPU GEMM and the
+        # experts on vLLM's fused MoE.
         assert model.cpu_gemm_layers > 0
+        assert_experts_on_vllm(family, model)
     assert_same_tokens(outputs, expected, family, "batched")
 
 
@@ -132,31 +151,7 @@ def test_greedy_parity_chunked_prefill(family, presets, references):
     assert_same_tokens(outputs, expected, family, "chunked")
 
 
-# Gemma4's MoE router (`Gemma4MoeRouter.call`) gathers its top-k
-# probabilities with `ops.take_along_axis`; traced by Dynamo, Keras's torch
-# `take_along_dim` specializes the token count, so vLLM's compile fails at
-# start-up (loudly). These presets serve with `enforce_eager=True`. Strict:
-# when it compiles, this marker must go.
-COMPILE_FAILS = {
-    "gemma4_moe": "Dynamo specializes the token count in Gemma4MoeRouter's "
-    "take_along_axis; serve with enforce_eager=True"
-}
-
-
-@pytest.mark.parametrize(
-    "family",
-    [
-        pytest.param(
-            family,
-            marks=pytest.mark.xfail(
-                reason=COMPILE_FAILS[family], strict=True, raises=Exception
-            ),
-        )
-        if family in COMPILE_FAILS
-        else family
-        for family in sorted(TINY_FAMILIES)
-    ],
-)
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
 def test_greedy_parity_compiled(family, presets, references):
     """vLLM's default mode: the forward compiled by torch.compile (Inductor).
 
@@ -164,10 +159,6 @@ def test_greedy_parity_compiled(family, presets, references):
     token count, runs steps of many different sizes.
     """
     expected = references(family)
-    if family in COMPILE_FAILS:
-        support_matrix.record(
-            family, TINY_FAMILIES[family][1], compiled="fails: serve eager"
-        )
     compilations = _compilations()
     with in_process_llm(
         f"keras_hub:{presets(family)}", enforce_eager=False, **CHUNKED
@@ -180,6 +171,7 @@ def test_greedy_parity_compiled(family, presets, references):
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         model = served_model(llm)
         assert model.compiled and not model.do_not_compile
+        assert_experts_on_vllm(family, model)
     # vLLM compiled this engine's graph, or loaded the compile an earlier
     # start saved (`saved_compile`): no silent fallback to eager.
     assert _compilations() > compilations

@@ -7,7 +7,29 @@ text path their own `CausalLM.call_with_cache` runs is used instead, with
 no cache: for text, the same layers in the same order as the full graph.
 """
 
+import torch
 from keras import ops
+
+
+def packed_forward(backbone, input_ids, positions):
+    """Final hidden states for vLLM's packed tokens of all requests.
+
+    vLLM packs the tokens of all requests into one ragged sequence. Fed as a
+    batch of one-token rows, decoder masks degenerate and only vLLM's
+    attention mixes tokens.
+
+    Args:
+        backbone: A loaded KerasHub backbone with its routes installed.
+        input_ids: `(num_tokens,)` token ids.
+        positions: `(num_tokens,)` absolute position of each token.
+
+    Returns:
+        `(num_tokens, 1, hidden_size)` hidden states.
+    """
+    token_ids = input_ids.reshape(-1, 1)
+    return text_forward(
+        backbone, token_ids, torch.ones_like(token_ids), positions.reshape(-1, 1)
+    )
 
 
 def text_forward(backbone, token_ids, padding_mask, positions):

@@ -14,7 +14,16 @@ deciding nothing in a served step:
   inefficiency, in eager too). Traced, each adds nodes to the graph that
   AOTAutograd and Inductor then process.
 
-A third substitute changes the compiled kernels, not the trace:
+A third keeps the token count dynamic:
+
+- torch's `take_along_axis(x, indices, axis)` calls `torch.take_along_dim`,
+  which broadcasts the two shapes; traced with a dynamic token count,
+  that specializes it to the traced step's size (Gemma4's MoE router
+  gathers its top-k probabilities this way), and vLLM's compile fails.
+  Where the shapes already agree off `axis` (no broadcast), the substitute
+  is `torch.gather`, the same values.
+
+A fourth changes the compiled kernels, not the trace:
 
 - torch's `power(x1, x2)` makes a Python exponent a 0-d tensor. Inductor
   then computes `ops.power(x, 2)` (the RMS norm of Llama-family layers)
@@ -87,5 +96,24 @@ def substitute_keras_helpers():
             if base.is_floating_point():
                 return torch.pow(base, x2)
         return keras_power(x1, x2)
+
+    keras_take_along_axis = _copy(torch_numpy.take_along_axis)
+
+    @torch.compiler.substitute_in_graph(torch_numpy.take_along_axis)
+    def take_along_axis(x, indices, axis=None):
+        if (
+            axis is not None
+            and isinstance(x, torch.Tensor)
+            and isinstance(indices, torch.Tensor)
+            and x.ndim == indices.ndim
+        ):
+            axis = axis % x.ndim
+            if all(
+                x.shape[d] == indices.shape[d] for d in range(x.ndim) if d != axis
+            ):
+                indices = indices.long()
+                indices = torch.where(indices < 0, indices + x.shape[axis], indices)
+                return torch.gather(x, axis, indices)
+        return keras_take_along_axis(x, indices, axis)
 
     _REGISTERED = True

@@ -108,3 +108,27 @@ def test_a_python_exponent_stays_a_scalar(dtype):
     ]
     assert exponents[:2] == [2, 0.5], exponents
     assert isinstance(exponents[2], torch.fx.Node)
+
+
+def test_take_along_axis_keeps_the_token_count_dynamic():
+    # Gemma4's MoE router gathers each token's top-k probabilities this way.
+    def top_k_probs(probs):
+        _, indices = ops.top_k(probs, k=2)
+        return ops.take_along_axis(probs, indices, axis=-1), ops.take_along_axis(
+            probs, indices - 4, axis=1
+        )
+
+    probs = torch.softmax(torch.randn(6, 4), -1)
+    torch._dynamo.reset()
+    torch._dynamo.mark_dynamic(probs, 0)
+    compiled = torch.compile(top_k_probs, backend="eager", fullgraph=True)
+    for got, want in zip(compiled(probs), top_k_probs(probs)):
+        assert torch.equal(got, want)
+    # Another token count runs the same graph: nothing specialized it.
+    other = torch.softmax(torch.randn(9, 4), -1)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for got, want in zip(compiled(other), top_k_probs(other)):
+            assert torch.equal(got, want)
+    # A broadcast still goes through Keras.
+    row = torch.tensor([[0.1, 0.2, 0.7]])
+    assert ops.take_along_axis(row, torch.tensor([[2], [0]]), axis=1).shape == (2, 1)

@@ -173,3 +173,56 @@ def install(backbone, family):
             _compute_vllm_attention, layer
         )
         layer.call = types.MethodType(_routed_call, layer)
+
+
+def build(specs, prefix, cache_config):
+    """One vLLM `Attention` per transformer layer, from the probe's specs.
+
+    Call inside `set_current_vllm_config`: each registers itself with the
+    engine under `{prefix}{index}`, and vLLM orders KV caches by that index.
+
+    Args:
+        specs: The probe's `AttentionSpec` per transformer layer.
+        prefix: The layers' name prefix, e.g. `"attention."`.
+        cache_config: The engine's `CacheConfig`.
+
+    Raises:
+        ValueError: a head size the platform's attention kernel cannot run
+            (it would fail at the first request, not here).
+    """
+    import torch
+    from vllm.model_executor.layers.attention import Attention
+
+    layers = []
+    for index, spec in enumerate(specs):
+        target = spec.kv_sharing_target
+        layer = Attention(
+            spec.num_heads,
+            spec.head_size,
+            spec.scale,
+            num_kv_heads=spec.num_kv_heads,
+            cache_config=cache_config,
+            logits_soft_cap=spec.soft_cap,
+            per_layer_sliding_window=spec.sliding_window,
+            alibi_slopes=None if spec.alibi_slopes is None else list(spec.alibi_slopes),
+            prefix=f"{prefix}{index}",
+            kv_sharing_target_layer_name=(
+                None if target is None else f"{prefix}{target}"
+            ),
+            # Only where used: not every backend's impl takes `sinks`.
+            **(
+                {}
+                if spec.sinks is None
+                else {"sinks": torch.tensor(spec.sinks, dtype=torch.float32)}
+            ),
+        )
+        backend = layer.attn_backend
+        if not backend.supports_head_size(spec.head_size):
+            raise ValueError(
+                f"Transformer layer {index} has attention heads of size "
+                f"{spec.head_size}, which this platform's attention kernel "
+                f"({backend.get_name()}) cannot run; it runs head sizes "
+                f"{backend.get_supported_head_sizes()}."
+            )
+        layers.append(layer)
+    return layers

@@ -11,8 +11,10 @@ import os
 
 import keras
 import keras_hub
+import numpy as np
 
 from vllm_keras_hub.layers import attention
+from vllm_keras_hub.layers import moe_routes
 from vllm_keras_hub.testing.tokenizers import make_tokenizer
 
 WINDOW = 8
@@ -358,6 +360,31 @@ def backbone_kwargs(family, vocabulary_size, multimodal=False):
     return {**vocabulary, **common, **kwargs, **media}
 
 
+def randomize_constant_moe_weights(backbone, seed):
+    """Random values for MoE weights that KerasHub initialises constant.
+
+    Gemma4's experts start as zeros and its scales as ones, GPT-OSS's
+    expert and router biases as zeros: as initialised they would contribute
+    nothing (or nothing per expert) a test could check.
+    """
+    rng = np.random.default_rng(seed)
+    owners = [
+        layer
+        for layer in backbone._flatten_layers(include_self=False)
+        if type(layer).__name__ in moe_routes.ROUTES
+        or type(layer).__name__.endswith("Router")
+    ]
+    for variable in {id(v): v for layer in owners for v in layer.weights}.values():
+        value = keras.ops.convert_to_numpy(variable)
+        if value.size < 2 or value.min() != value.max():
+            continue
+        if value.max() == 1.0:
+            random = rng.uniform(0.5, 1.5, value.shape)
+        else:
+            random = rng.normal(0.0, 0.1, value.shape)
+        variable.assign(random.astype(value.dtype))
+
+
 def build_tiny_preset(family, directory, seed=0, logit_scale=None, multimodal=False):
     """Saves a tiny random-weight preset of `family` into `directory`.
 
@@ -385,6 +412,7 @@ def build_tiny_preset(family, directory, seed=0, logit_scale=None, multimodal=Fa
     embedding = backbone.token_embedding or backbone.language_model.embed_tokens
     for variable in embedding.weights:
         variable.assign(variable * logit_scale)
+    randomize_constant_moe_weights(backbone, seed)
     kernel_scale = _LAYER_KERNEL_SCALE.get(family, DEFAULT_LAYER_KERNEL_SCALE)
     for layer in attention.transformer_layers(backbone):
         for variable in layer.weights:

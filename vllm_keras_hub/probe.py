@@ -1,0 +1,245 @@
+"""The start-up probe: one token through the backbone, recording the routes.
+
+Every routed attention layer hands keras-hub's paged-attention bridge its
+heads, scale, sliding window, soft cap and other options; every routed MoE
+block hands its experts to `layers.moe.fused_experts`. The probe runs one
+token with recording functions in their place, so what vLLM must build
+(one `Attention` per transformer layer, one `FusedMoE` per MoE block) is
+read from the layers themselves, and a layer that does not route fails
+start-up, naming it.
+"""
+
+import collections
+import dataclasses
+import sys
+
+import torch
+from keras_hub.src.vllm.context import vllm_context_scope
+
+from vllm_keras_hub.layers import attention
+from vllm_keras_hub.layers import moe
+from vllm_keras_hub.text_forward import packed_forward
+
+
+class RouteError(RuntimeError):
+    """Layers that did not hand their work to vLLM exactly once."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+    """What one KerasHub attention layer asks of vLLM's `Attention`.
+
+    Args:
+        num_heads: Query heads.
+        head_size: Per-head size.
+        num_kv_heads: Key/value heads, unexpanded.
+        scale: Softmax scale.
+        sliding_window: Tokens each query sees, itself included, or `None`.
+        soft_cap: Attention-logit soft cap, or `None`.
+        alibi_slopes: Per-query-head ALiBi slopes, added after the softmax
+            scale as `slope * (key_position - query_position)`, or `None`.
+        sinks: Per-query-head learned attention-sink logits, each an extra
+            softmax column with no value (GPT-OSS), or `None`.
+        kv_sharing_target: Index of the earlier layer whose keys and values
+            this layer attends over, with no cache of its own (Gemma3n and
+            Gemma4's last `num_kv_shared_layers`), or `None`.
+    """
+
+    num_heads: int
+    head_size: int
+    num_kv_heads: int
+    scale: float
+    sliding_window: int | None
+    soft_cap: float | None
+    alibi_slopes: tuple[float, ...] | None = None
+    sinks: tuple[float, ...] | None = None
+    kv_sharing_target: int | None = None
+
+
+@dataclasses.dataclass
+class Probe:
+    """What one probe step recorded.
+
+    Args:
+        specs: An `AttentionSpec` per transformer layer.
+        attention_layers: The KerasHub attention layer that routed for each.
+        moe_blocks: The MoE blocks that handed their experts to vLLM, in
+            call order.
+    """
+
+    specs: list
+    attention_layers: list
+    moe_blocks: list
+
+
+def _routing_attention_layer():
+    """The KerasHub attention layer whose vLLM route is calling us.
+
+    keras-hub's bridge hands the paged-attention function only tensors and
+    attention options, not the layer; the layer is `self` of the
+    `_compute_vllm_attention` frame up the stack.
+    """
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "_compute_vllm_attention":
+            return frame.f_locals.get("self")
+        frame = frame.f_back
+    return None
+
+
+def transformer_layers(backbone):
+    """The backbone's transformer layers; `RouteError` if it has none."""
+    try:
+        return attention.transformer_layers(backbone)
+    except ValueError as e:
+        raise RouteError(str(e)) from e
+
+
+def run(backbone):
+    """Runs one token through `backbone`, recording each route's options.
+
+    Returns:
+        A `Probe`.
+    """
+    layers = transformer_layers(backbone)
+    probe = Probe([], [], [])
+
+    def record_attention(
+        cache,
+        query,
+        key,
+        value,
+        scale,
+        head_size,
+        num_heads,
+        num_kv_heads,
+        sliding_window=None,
+        soft_cap=None,
+        alibi_slopes=None,
+        sinks=None,
+        kv_sharing_target=None,
+    ):
+        probe.attention_layers.append(_routing_attention_layer())
+        probe.specs.append(
+            AttentionSpec(
+                num_heads=int(num_heads),
+                head_size=int(head_size),
+                num_kv_heads=int(num_kv_heads),
+                scale=float(scale),
+                sliding_window=int(sliding_window) if sliding_window else None,
+                soft_cap=float(soft_cap) if soft_cap else None,
+                alibi_slopes=(
+                    None
+                    if alibi_slopes is None
+                    else tuple(float(slope) for slope in alibi_slopes)
+                ),
+                sinks=(
+                    None
+                    if sinks is None
+                    else tuple(torch.as_tensor(sinks).float().flatten().tolist())
+                ),
+                kv_sharing_target=kv_sharing_target,
+            )
+        )
+        return cache, torch.zeros_like(query)
+
+    def record_experts(block, hidden_states, routing):
+        probe.moe_blocks.append(block)
+        return torch.zeros_like(hidden_states)
+
+    input_ids = torch.zeros(1, dtype=torch.int64)
+    with torch.inference_mode(), moe.experts_scope(record_experts):
+        with vllm_context_scope(
+            paged_attention_func=record_attention,
+            positions=torch.zeros_like(input_ids),
+            kv_caches=list(range(len(layers))),
+        ):
+            packed_forward(backbone, input_ids, torch.zeros_like(input_ids))
+    return probe
+
+
+def _layer_owners(layers):
+    """Maps `id()` of every sublayer to its transformer layer's index."""
+    owners = {}
+    for index, layer in enumerate(layers):
+        for sublayer in layer._flatten_layers(include_self=True):
+            owners[id(sublayer)] = index
+    return owners
+
+
+def check_attention_routes(probe, backbone, name):
+    """Raises `RouteError` unless layer i, and only it, routed i-th.
+
+    Args:
+        probe: What `run` recorded.
+        backbone: The probed backbone.
+        name: The model, for the message.
+    """
+    layers = transformer_layers(backbone)
+    owners = _layer_owners(layers)
+    routed = [owners.get(id(caller)) for caller in probe.attention_layers]
+    expected = list(range(len(layers)))
+    if routed == expected:
+        return
+    missing = [i for i in expected if i not in routed]
+    repeated = sorted({i for i in routed if i is not None and routed.count(i) > 1})
+    problems = []
+    if missing:
+        problems.append("did not route: " + ", ".join(layers[i].name for i in missing))
+    if repeated:
+        problems.append(
+            "routed more than once: " + ", ".join(layers[i].name for i in repeated)
+        )
+    if None in routed or not problems:
+        problems.append(f"dispatch order was {routed}")
+    raise RouteError(
+        f"{name}: {len(layers)} transformer layers must each hand attention "
+        f"to vLLM exactly once, in order, but some "
+        + "; ".join(problems)
+        + ". Serving them would give wrong output."
+    )
+
+
+def check_moe_routes(probe, blocks, name):
+    """Raises `RouteError` unless each MoE block handed its experts once.
+
+    Args:
+        probe: What `run` recorded.
+        blocks: The blocks `moe_routes.install` routed.
+        name: The model, for the message.
+    """
+    counts = collections.Counter(id(block) for block in probe.moe_blocks)
+    wrong = [block.name for block in blocks if counts[id(block)] != 1]
+    unknown = len(probe.moe_blocks) - sum(counts[id(block)] for block in blocks)
+    if not wrong and not unknown:
+        return
+    raise RouteError(
+        f"{name}: each of {len(blocks)} MoE blocks must hand its experts to "
+        f"vLLM's fused MoE exactly once, but {wrong or 'a block not routed'} "
+        "did not. Serving it would give wrong output."
+    )
+
+
+def check_kv_sharing(specs):
+    """Raises `RouteError` unless each KV-sharing layer fits its target's cache.
+
+    vLLM hands the sharing layer its target's cache as is: it must be an
+    earlier layer with the same KV heads and head size.
+    """
+    for index, spec in enumerate(specs):
+        target = spec.kv_sharing_target
+        if target is None:
+            continue
+        if not 0 <= target < index or specs[target].kv_sharing_target is not None:
+            raise RouteError(
+                f"Layer {index} shares the K/V of layer {target}, which is not "
+                "an earlier layer with a cache of its own."
+            )
+        mine = (spec.num_kv_heads, spec.head_size)
+        theirs = (specs[target].num_kv_heads, specs[target].head_size)
+        if mine != theirs:
+            raise RouteError(
+                f"Layer {index} reads the K/V of layer {target} as "
+                f"{mine[0]} heads of {mine[1]}, but that layer caches "
+                f"{theirs[0]} heads of {theirs[1]}."
+            )
