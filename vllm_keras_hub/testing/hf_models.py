@@ -1,0 +1,180 @@
+"""The same random weights in Hugging Face's format and as a KerasHub preset.
+
+keras-hub 0.32 exports no MoE family to Hugging Face's format, but its
+Hugging Face converter loads a local transformers folder. So a
+random-weight transformers model, saved once, is loaded by keras-hub's own
+converter into a KerasHub backbone and saved as a preset: vLLM's native
+model serves the folder, vllm-keras-hub the preset, and both hold the same
+weights (`max_logit_difference` checks it).
+"""
+
+import json
+import os
+
+import numpy as np
+
+# family -> (transformers config class, tokenizer family, config kwargs for
+# a tiny model). Head size 32: the smallest vLLM's CPU attention runs.
+TINY_CONFIGS = {
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "qwen3_moe",
+        dict(
+            hidden_size=128,
+            intermediate_size=256,
+            moe_intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+        ),
+    ),
+    "qwen_moe": (
+        "Qwen2MoeConfig",
+        "qwen_moe",
+        dict(
+            hidden_size=128,
+            intermediate_size=256,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+        ),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "mistral",
+        dict(
+            hidden_size=128,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+        ),
+    ),
+    # Windows longer than the tests' prompts: KerasHub windows other layers
+    # than Hugging Face does (see `layers/attention_routes.py`, `gpt_oss`).
+    "gpt_oss": (
+        "GptOssConfig",
+        "gpt_oss",
+        dict(
+            hidden_size=128,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=4096,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
+}
+
+# Keys keras-hub 0.32's converters read that transformers 5 no longer
+# writes (it writes `num_local_experts` and `rope_parameters`).
+_KERAS_HUB_KEYS = {
+    "qwen3_moe": lambda config: {"num_experts": config["num_local_experts"]},
+}
+
+
+def save_hf_model(family, folder, vocabulary_size, seed=0, dtype="float32", **config):
+    """Saves a random-weight transformers model of `family` into `folder`.
+
+    Args:
+        family: A key of `TINY_CONFIGS`.
+        folder: Where to save.
+        vocabulary_size: The model's vocabulary size.
+        seed: The weights' seed.
+        dtype: The saved weights' dtype.
+        **config: Config values over the tiny ones (e.g. a wider model).
+
+    Returns:
+        `folder`.
+    """
+    import torch
+    import transformers
+
+    config_class, _, tiny = TINY_CONFIGS[family]
+    hf_config = getattr(transformers, config_class)(
+        **{**tiny, **config, "vocab_size": vocabulary_size}
+    )
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(
+        hf_config, dtype=getattr(torch, dtype)
+    )
+    model.save_pretrained(folder)
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        saved = json.load(f)
+    saved.update(_KERAS_HUB_KEYS.get(family, lambda config: {})(saved))
+    with open(path, "w") as f:
+        json.dump(saved, f, indent=2)
+    return folder
+
+
+def keras_hub_preset(family, hf_folder, preset_folder, tokenizer=None):
+    """Saves the HF folder's weights as a KerasHub preset, via keras-hub.
+
+    Args:
+        family: A key of `TINY_CONFIGS`.
+        hf_folder: What `save_hf_model` wrote.
+        preset_folder: Where to save the preset.
+        tokenizer: The preset's KerasHub tokenizer; the family's tiny one
+            by default.
+
+    Returns:
+        `preset_folder`.
+    """
+    import keras_hub
+
+    from vllm_keras_hub.testing.tokenizers import make_tokenizer
+
+    backbone = keras_hub.models.Backbone.from_preset(hf_folder)
+    if tokenizer is None:
+        tokenizer = make_tokenizer(TINY_CONFIGS[family][1])
+    causal_lm_class = keras_hub.models.CausalLM
+    for cls in causal_lm_class.__subclasses__():
+        if cls.backbone_cls is type(backbone):
+            causal_lm_class = cls
+    preprocessor = causal_lm_class.preprocessor_cls(tokenizer=tokenizer)
+    causal_lm = causal_lm_class(backbone=backbone, preprocessor=preprocessor)
+    causal_lm.save_to_preset(preset_folder)
+    return preset_folder
+
+
+def max_logit_difference(hf_folder, preset_folder, token_ids):
+    """The largest |logit| difference of transformers and KerasHub.
+
+    Args:
+        hf_folder: A transformers model folder.
+        preset_folder: The KerasHub preset of the same weights.
+        token_ids: One prompt's token ids.
+    """
+    import keras
+    import keras_hub
+    import torch
+    import transformers
+
+    ids = np.array([token_ids])
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_folder, dtype=torch.float32
+    )
+    with torch.no_grad():
+        expected = model(torch.tensor(ids)).logits.numpy()
+    backbone = keras_hub.models.Backbone.from_preset(preset_folder)
+    with torch.no_grad():
+        hidden = backbone({"token_ids": ids, "padding_mask": np.ones_like(ids)})
+        logits = backbone.token_embedding(hidden, reverse=True)
+    return float(np.max(np.abs(keras.ops.convert_to_numpy(logits) - expected)))
