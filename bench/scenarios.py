@@ -1,0 +1,101 @@
+"""What each benchmark run asks of a system: prompts, lengths, sizes.
+
+No prompt is used twice in a run, so vLLM's prefix cache never serves a
+timed prompt from an earlier one.
+"""
+
+import random
+
+# Sizes of one run. Output lengths of the concurrent cases cycle through
+# `mixed_lengths`; the single-request case uses `single_tokens`.
+SIZES = {
+    "full": dict(
+        single_tokens=32,
+        single_repeats=2,
+        ttft_repeats=2,
+        concurrency=(8, 32),
+        mixed_lengths=(8, 16, 24, 32),
+        serve_prompts=16,
+        serve_concurrency=8,
+        serve_input_len=32,
+        serve_output_len=32,
+    ),
+    "quick": dict(
+        single_tokens=8,
+        single_repeats=1,
+        ttft_repeats=1,
+        concurrency=(8,),
+        mixed_lengths=(4, 8),
+        serve_prompts=4,
+        serve_concurrency=2,
+        serve_input_len=16,
+        serve_output_len=8,
+    ),
+}
+
+# Distinct openings, so no two prompts share a prefix-cache block.
+_TOPICS = [
+    "Volcanoes", "Honeybees", "The Roman Empire", "Quantum computing",
+    "Sourdough bread", "Jazz music", "Mount Everest", "Photosynthesis",
+    "Chess openings", "The printing press", "Coral reefs", "Electric cars",
+    "Ancient Egypt", "Black holes", "Origami", "The human heart",
+    "Renewable energy", "Penguins", "The Silk Road", "Impressionist painting",
+    "Rainforests", "Typewriters", "Solar eclipses", "Coffee farming",
+    "Lighthouses", "Marathon running", "Glaciers", "Octopuses",
+    "Medieval castles", "Wind turbines", "Tea ceremonies", "Submarines",
+    "Desert plants", "Hot air balloons", "The Moon landing", "Bicycles",
+    "Tornadoes", "Violins", "Bonsai trees", "Deep sea fish",
+    "Railways", "Snowflakes", "Libraries", "Fireflies",
+    "The Great Wall", "Cheese making", "Satellites", "Tidal pools",
+    "Kites", "Lightning", "Sea turtles", "Windmills", "Maple syrup", "Comets",
+    "Beekeeping suits", "Paper money", "Hummingbirds", "Canals", "Compasses",
+    "Mushrooms",
+]  # fmt: skip
+_TASKS = [
+    "Explain it briefly.",
+    "Write a short paragraph about it for a curious child.",
+    "Describe three surprising facts about it, one per line, with a short "
+    "reason for each.",
+    "Give a detailed overview of its history, how it works or lives, why "
+    "people care about it today, and one open question that experts still "
+    "argue about.",
+]
+# Token-id prompts: the text prompts' lengths, ids the tiny test tokenizers
+# of the random models all have.
+_TASK_TOKENS = (8, 16, 28, 45)
+_ID_RANGE = (4, 500)
+
+
+def prompt_pool(text):
+    """Distinct prompts of mixed length (about 8 to 45 tokens).
+
+    Args:
+        text: Strings if true, else lists of token ids.
+    """
+    if text:
+        return [f"{t}: {_TASKS[i % len(_TASKS)]}" for i, t in enumerate(_TOPICS)]
+    rng = random.Random(0)
+    return [
+        [rng.randrange(*_ID_RANGE) for _ in range(_TASK_TOKENS[i % len(_TASKS)])]
+        for i in range(len(_TOPICS))
+    ]
+
+
+def plan(size, text=True):
+    """The prompts and output lengths of each scenario."""
+    s = SIZES[size]
+    prompts = prompt_pool(text)
+    # Latency prompts all have the same task, so about the same length.
+    medium = prompts[1 :: len(_TASKS)]
+    ttft = medium[: s["ttft_repeats"]]
+    single = medium[s["ttft_repeats"] : s["ttft_repeats"] + s["single_repeats"]]
+    used = [id(p) for p in ttft + single]
+    rest = iter(p for p in prompts if id(p) not in used)
+    take = lambda n: [next(rest) for _ in range(n)]  # noqa: E731
+    scenarios = {"ttft": ttft, "single": single, "warmup": take(4)}
+    for n in s["concurrency"]:
+        lengths = s["mixed_lengths"]
+        scenarios[f"c{n}"] = [
+            (p, lengths[i % len(lengths)]) for i, p in enumerate(take(n))
+        ]
+    return scenarios
