@@ -11,9 +11,12 @@ import random
 SIZES = {
     "full": dict(
         single_tokens=32,
-        single_repeats=2,
-        ttft_repeats=2,
+        single_repeats=3,
+        ttft_repeats=3,
         concurrency=(8, 32),
+        # Each concurrent case runs this many times on new prompts (vLLM
+        # systems; the slow generate() systems once): the median counts.
+        repeats=3,
         mixed_lengths=(8, 16, 24, 32),
         serve_prompts=16,
         serve_concurrency=8,
@@ -25,6 +28,7 @@ SIZES = {
         single_repeats=1,
         ttft_repeats=1,
         concurrency=(8,),
+        repeats=1,
         mixed_lengths=(4, 8),
         serve_prompts=4,
         serve_concurrency=2,
@@ -69,33 +73,54 @@ _ID_RANGE = (4, 500)
 def prompt_pool(text):
     """Distinct prompts of mixed length (about 8 to 45 tokens).
 
+    Every topic with every task, the tasks cycling, so lengths mix in any
+    slice of the pool. Prompts of one topic share only their first few
+    tokens, less than a KV-cache block.
+
     Args:
         text: Strings if true, else lists of token ids.
     """
+    pairs = [
+        (topic, (i + round_) % len(_TASKS))
+        for round_ in range(len(_TASKS))
+        for i, topic in enumerate(_TOPICS)
+    ]
     if text:
-        return [f"{t}: {_TASKS[i % len(_TASKS)]}" for i, t in enumerate(_TOPICS)]
+        return [f"{topic}: {_TASKS[task]}" for topic, task in pairs]
     rng = random.Random(0)
     return [
-        [rng.randrange(*_ID_RANGE) for _ in range(_TASK_TOKENS[i % len(_TASKS)])]
-        for i in range(len(_TOPICS))
+        [rng.randrange(*_ID_RANGE) for _ in range(_TASK_TOKENS[task])]
+        for _, task in pairs
     ]
 
 
-def plan(size, text=True):
-    """The prompts and output lengths of each scenario."""
+def plan(size, text=True, repeats=None):
+    """The prompts and output lengths of each scenario.
+
+    Args:
+        size: A key of `SIZES`.
+        text: Text prompts, or token ids.
+        repeats: Runs of each concurrent case; the size's by default.
+
+    Returns:
+        `{"ttft": [...], "single": [...], "warmup": [...], "c8": [[(prompt,
+        max_new_tokens), ...], ...], ...}`, one request list per run.
+    """
     s = SIZES[size]
+    repeats = s["repeats"] if repeats is None else repeats
     prompts = prompt_pool(text)
-    # Latency prompts all have the same task, so about the same length.
-    medium = prompts[1 :: len(_TASKS)]
+    # Latency prompts all have the same task (index 1), so about the same length.
+    medium = prompts[1 : len(_TOPICS) : len(_TASKS)]
     ttft = medium[: s["ttft_repeats"]]
     single = medium[s["ttft_repeats"] : s["ttft_repeats"] + s["single_repeats"]]
-    used = [id(p) for p in ttft + single]
+    used = {id(p) for p in ttft + single}
     rest = iter(p for p in prompts if id(p) not in used)
     take = lambda n: [next(rest) for _ in range(n)]  # noqa: E731
     scenarios = {"ttft": ttft, "single": single, "warmup": take(4)}
+    lengths = s["mixed_lengths"]
     for n in s["concurrency"]:
-        lengths = s["mixed_lengths"]
         scenarios[f"c{n}"] = [
-            (p, lengths[i % len(lengths)]) for i, p in enumerate(take(n))
+            [(p, lengths[i % len(lengths)]) for i, p in enumerate(take(n))]
+            for _ in range(repeats)
         ]
     return scenarios

@@ -242,7 +242,7 @@ def run_system(system, dtype, size, hf_folder, preset, text, startup_only=False)
     """
     import torch
 
-    scenarios = plan(size, text)
+    scenarios = plan(size, text, None if system in VLLM_SYSTEMS else 1)
     s = SIZES[size]
     result = {
         "system": system,
@@ -322,17 +322,25 @@ def run_system(system, dtype, size, hf_folder, preset, text, startup_only=False)
 
         result["concurrent"] = {}
         for concurrency in s["concurrency"]:
-            requests = scenarios[f"c{concurrency}"]
-            seconds, counts = timed(engine.generate, requests)
-            wanted = [m for _, m in requests]
-            assert counts == wanted, (counts, wanted)
-            result["throughput"][str(concurrency)] = sum(wanted) / seconds
+            runs = []
+            for requests in scenarios[f"c{concurrency}"]:
+                seconds, counts = timed(engine.generate, requests)
+                wanted = [m for _, m in requests]
+                assert counts == wanted, (counts, wanted)
+                runs.append(
+                    {
+                        "generated_tokens": sum(wanted),
+                        "computed_tokens": getattr(engine, "last_computed", sum(wanted)),
+                        "prompt_tokens": sum(engine.last_prompt_tokens),
+                        "seconds": seconds,
+                    }
+                )
+            rates = [run["generated_tokens"] / run["seconds"] for run in runs]
+            result["throughput"][str(concurrency)] = statistics.median(rates)
             result["concurrent"][str(concurrency)] = {
                 "requests": concurrency,
-                "generated_tokens": sum(wanted),
-                "computed_tokens": getattr(engine, "last_computed", sum(wanted)),
-                "prompt_tokens": sum(engine.last_prompt_tokens),
-                "seconds": seconds,
+                "runs": runs,
+                "tokens_per_s": rates,
             }
         engine.close() if hasattr(engine, "close") else None
     result["peak_rss_mb"] = rss.peak / 2**20

@@ -9,6 +9,7 @@ in vLLM's default compiled mode.
 import pytest
 from vllm import SamplingParams
 from vllm.compilation.counter import compilation_counter
+from vllm.platforms import current_platform
 
 from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.engines import in_process_llm
@@ -129,9 +130,9 @@ def test_greedy_parity_batched(family, presets, references):
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         model = served_model(llm)
         record_features(family, model)
-        # Parity holds with the matmuls on vLLM's prepacked CPU GEMM and the
-        # experts on vLLM's fused MoE.
-        assert model.cpu_gemm_layers > 0
+        # Parity holds with the matmuls on vLLM's prepacked CPU GEMM (on the
+        # CPU) and the experts on vLLM's fused MoE.
+        assert model.cpu_gemm_layers > 0 or not current_platform.is_cpu()
         assert_experts_on_vllm(family, model)
     assert_same_tokens(outputs, expected, family, "batched")
 
