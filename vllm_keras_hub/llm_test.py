@@ -74,3 +74,34 @@ def test_model_folder_is_removed_on_close_and_on_garbage_collection(gemma_preset
     del folder
     gc.collect()
     assert not os.path.exists(path)
+
+
+def test_the_cpu_default_kv_cache_is_2_gib(gemma_preset):
+    """README: with no memory setting, a CPU engine gets a 2 GiB KV cache."""
+    from vllm.platforms import current_platform
+
+    from vllm_keras_hub.llm import CPU_KV_CACHE_BYTES
+    from vllm_keras_hub.testing.engines import in_process_engine_env
+
+    assert CPU_KV_CACHE_BYTES == 2 << 30
+    with in_process_engine_env():
+        llm = KerasHubLLM(
+            f"keras_hub:{gemma_preset}",
+            max_model_len=98,
+            dtype="float32",
+            enforce_eager=True,
+            distributed_executor_backend="uni",
+        )
+        try:
+            engine = llm.llm_engine
+            asked = engine.vllm_config.cache_config.kv_cache_memory_bytes
+            runner = engine.engine_core.engine_core.model_executor.driver_worker
+            tensors = runner.worker.model_runner.kv_cache_config.kv_cache_tensors
+            allocated = sum(tensor.size for tensor in tensors)
+        finally:
+            llm.close()
+    if not current_platform.is_cpu():
+        assert asked is None  # vLLM's own gpu_memory_utilization decides.
+        return
+    assert asked == 2 << 30
+    assert 0.9 * asked <= allocated <= asked

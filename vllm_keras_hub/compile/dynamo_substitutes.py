@@ -60,6 +60,23 @@ def _copy(function):
     )
 
 
+def resolved_device(name):
+    """The device a tensor moved to Keras's device `name` ends up on.
+
+    Keras's torch backend names its device without an index (`"cuda"`),
+    and `x.to("cuda")` returns `x` itself when `x` is on the current CUDA
+    device; `str(x.device)` is then `"cuda:0"`, which never equals
+    `"cuda"`.
+
+    Args:
+        name: Keras's device name, e.g. `"cpu"` or `"cuda"`.
+    """
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def substitute_keras_helpers():
     """Registers the traced substitutes, once per process."""
     global _REGISTERED
@@ -74,6 +91,8 @@ def substitute_keras_helpers():
         return False
 
     keras_convert_to_tensor = _copy(core.convert_to_tensor)
+    # Keras's device is fixed for a serving process.
+    device = resolved_device(core.get_device())
 
     @torch.compiler.substitute_in_graph(core.convert_to_tensor)
     def convert_to_tensor(x, dtype=None, sparse=None, ragged=None):
@@ -82,7 +101,7 @@ def substitute_keras_helpers():
             isinstance(value, torch.Tensor)
             and not sparse
             and not ragged
-            and str(value.device) == str(core.get_device())
+            and value.device == device
         ):
             return value if dtype is None else value.to(core.to_torch_dtype(dtype))
         return keras_convert_to_tensor(x, dtype, sparse, ragged)

@@ -10,6 +10,7 @@ from keras import ops
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.direct_calls_test import serving_step
 from vllm_keras_hub.compile.direct_calls_test import tiny_gemma
+from vllm_keras_hub.compile.dynamo_substitutes import resolved_device
 from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
 
 
@@ -132,3 +133,12 @@ def test_take_along_axis_keeps_the_token_count_dynamic():
     # A broadcast still goes through Keras.
     row = torch.tensor([[0.1, 0.2, 0.7]])
     assert ops.take_along_axis(row, torch.tensor([[2], [0]]), axis=1).shape == (2, 1)
+
+
+def test_keras_device_names_resolve_as_tensors_report_them(monkeypatch):
+    # On a GPU, Keras says "cuda" and a tensor on it says "cuda:0": the
+    # substitute must see them as the same device (no CUDA needed here).
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert resolved_device("cuda") == torch.device("cuda:1")
+    assert resolved_device("cuda:0") == torch.device("cuda:0")
+    assert resolved_device("cpu") == torch.zeros(1).device

@@ -91,6 +91,12 @@ ALIBI_SLOPES = {
 }
 
 
+# Attention-layer class name -> the sliding window its route passes, decided
+# once from `(transformer_layer, attention_layer)`, read at install into the
+# layer's `_vllm_sliding_window`.
+SLIDING_WINDOWS = {"QwenMoeAttention": routes.qwen_moe_sliding_window}
+
+
 def _compute_vllm_attention(self, hidden_states, cache, vllm_context):
     """The route every installed layer takes while vLLM serves.
 
@@ -169,6 +175,9 @@ def install(backbone, family):
             layer._vllm_alibi_slopes = tuple(
                 float(slope) for slope in alibi_slopes(transformer_layer, layer)
             )
+        sliding_window = SLIDING_WINDOWS.get(type(layer).__name__)
+        if sliding_window is not None:
+            layer._vllm_sliding_window = sliding_window(transformer_layer, layer)
         layer._compute_vllm_attention = types.MethodType(
             _compute_vllm_attention, layer
         )

@@ -100,6 +100,16 @@ def qwen(layer, hidden_states, positions):
     return layer._output_dense(output)
 
 
+def qwen_moe_sliding_window(transformer_layer, layer):
+    # `QwenMoeAttention._compute_attention` applies its window only on its
+    # non-fused path, and `_use_fused_attention_op()` takes the fused one
+    # on GPUs (but T4s) and TPUs only: on the CPU it windows, on most GPUs
+    # it does not. Decided once, at install, as the layer decides it.
+    if layer.use_sliding_window_attention and not layer._use_fused_attention_op():
+        return layer.sliding_window_size
+    return None
+
+
 def qwen_moe(layer, hidden_states, positions):
     # `QwenMoeAttention`: Qwen's attention (q/k/v biases) with public q/k/v.
     query = layer.rotary_embedding_layer(
@@ -109,16 +119,13 @@ def qwen_moe(layer, hidden_states, positions):
         layer.key_dense(hidden_states), positions=positions
     )
     value = layer.value_dense(hidden_states)
-    sliding_window = (
-        layer.sliding_window_size if layer.use_sliding_window_attention else None
-    )
     output = vllm_paged_attention(
         query,
         key,
         value,
         layer._inv_norm_factor,
         num_kv_heads=layer.num_key_value_heads,
-        sliding_window=sliding_window,
+        sliding_window=layer._vllm_sliding_window,
     )
     return layer._output_dense(output)
 

@@ -186,6 +186,25 @@ def test_qwen_routes_drop_the_window_as_keras_hub_does(family):
     assert windows == [None, None]
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_qwen_moe_windows_where_keras_hub_does(fused, monkeypatch):
+    # `QwenMoeAttention` applies its window on its non-fused path only, which
+    # it takes on the CPU; on most GPUs it takes the fused one.
+    from keras_hub.src.models.qwen_moe.qwen_moe_attention import QwenMoeAttention
+
+    monkeypatch.setattr(QwenMoeAttention, "_use_fused_attention_op", lambda self: fused)
+    backbone = tiny_backbone("qwen_moe")
+    windows = []
+
+    def record(*args, sliding_window=None, **kwargs):
+        windows.append(sliding_window)
+        return reference_attention(*args, sliding_window=sliding_window, **kwargs)
+
+    attention.install(backbone, family_of("qwen_moe"))
+    served_hidden_states(backbone, record)
+    assert windows == [None if fused else WINDOW] * 2
+
+
 def test_phi3_su_rotary_per_token_equals_keras_hub_decoding():
     backbone = tiny_backbone("phi3_su")
     rotary = attention._attention_layer(

@@ -6,9 +6,29 @@ import os
 
 from vllm_keras_hub.llm import KerasHubLLM
 
-# Enough KV cache for the tests' tiny models and short prompts. Eager, since
-# compiling takes ~30 s per engine: tests of the compiled mode ask for it.
-TEST_ENGINE_KWARGS = dict(max_model_len=256, dtype="float32", seed=0, enforce_eager=True)
+
+
+def _engine_kwargs():
+    from vllm.platforms import current_platform
+
+    # 1 GiB of KV cache: enough for the tests' tiny models and short prompts,
+    # and engines fit side by side. Eager, since compiling takes ~30 s per
+    # engine: tests of the compiled mode ask for it.
+    kwargs = dict(
+        max_model_len=256,
+        dtype="float32",
+        seed=0,
+        enforce_eager=True,
+        kv_cache_memory_bytes=1 << 30,
+    )
+    if not current_platform.is_cpu():
+        # vLLM checks each engine's share against the GPU's free memory at
+        # start-up, whatever its KV cache size.
+        kwargs["gpu_memory_utilization"] = 0.2
+    return kwargs
+
+
+TEST_ENGINE_KWARGS = _engine_kwargs()
 
 
 @contextlib.contextmanager
