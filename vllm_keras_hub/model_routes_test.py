@@ -114,3 +114,31 @@ def test_kv_sharing_layer_must_fit_its_targets_cache(specs, message):
     with pytest.raises(RouteError, match=message):
         check_kv_sharing(specs)
     check_kv_sharing([_spec(), _spec(), _spec(kv_sharing_target=0)])
+
+
+def test_a_head_size_the_attention_kernel_cannot_run_is_refused_at_start_up(tmp_path):
+    from vllm.platforms import current_platform
+
+    tokenizer = make_tokenizer("llama3")
+    # 64 wide, 4 heads: heads of 16, which vLLM's CPU attention cannot run.
+    backbone = keras_hub.models.Llama3Backbone(
+        vocabulary_size=tokenizer.vocabulary_size(),
+        num_layers=1,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=64,
+        intermediate_dim=128,
+    )
+    preprocessor = keras_hub.models.Llama3CausalLMPreprocessor(tokenizer=tokenizer)
+    keras_hub.models.Llama3CausalLM(backbone, preprocessor).save_to_preset(str(tmp_path))
+    if not current_platform.is_cpu():
+        # GPU attention kernels run heads of 16: the model serves.
+        with in_process_llm(f"keras_hub:{tmp_path}") as llm:
+            assert llm.generate("Hi", SamplingParams(max_tokens=2), use_tqdm=False)
+        return
+    with pytest.raises(ValueError) as error:
+        with in_process_llm(f"keras_hub:{tmp_path}"):
+            pass
+    message = str(error.value)
+    assert "attention heads of size 16" in message
+    assert "CPU_ATTN" in message and "[32, 64, 80, 96" in message
