@@ -61,8 +61,9 @@ def serve(model, vllm_argv):
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
     from vllm.logger import configure_logging_from_args
 
-    from vllm_keras_hub.llm import default_kv_cache_bytes
     from vllm_keras_hub.config import LOAD_FORMAT
+    from vllm_keras_hub.config import check_parallelism
+    from vllm_keras_hub.llm import default_kv_cache_bytes
     from vllm_keras_hub.plugin import register
     from vllm_keras_hub.preset_folder import ModelFolder
 
@@ -71,6 +72,7 @@ def serve(model, vllm_argv):
     cli_env_setup()
     parser, command = _serve_parser()
     args = parser.parse_args(["serve", "placeholder", *vllm_argv])
+    check_parallelism(args.tensor_parallel_size)
     given = {arg.split("=", 1)[0] for arg in vllm_argv}
     folder = ModelFolder(preset, max_model_len=args.max_model_len)
     try:
@@ -150,6 +152,7 @@ def main(argv=None):
     else:
         args = parser.parse_args(argv)
 
+    from vllm_keras_hub.config import UnsupportedParallelismError
     from vllm_keras_hub.families import UnsupportedFamilyError
     from vllm_keras_hub.preset_folder import PresetError
 
@@ -158,7 +161,12 @@ def main(argv=None):
             serve(args.model, args.rest)
         else:
             export(args.model, args.directory)
-    except (PresetError, UnsupportedFamilyError, FileExistsError) as e:
+    except (
+        PresetError,
+        UnsupportedFamilyError,
+        UnsupportedParallelismError,
+        FileExistsError,
+    ) as e:
         print(f"vllm-keras-hub: error: {e}", file=sys.stderr)
         return 2
     return 0

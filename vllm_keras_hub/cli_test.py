@@ -39,6 +39,14 @@ def test_bad_model_exits_before_the_engine_starts(model, cause):
     assert ENGINE_STARTED not in result.stderr + result.stdout
 
 
+def test_tensor_parallelism_is_refused_before_the_engine_starts(tmp_path):
+    preset = build_tiny_preset("llama3", str(tmp_path))
+    result = run_cli("serve", preset, "--tensor-parallel-size", "2")
+    assert result.returncode == 2
+    assert "tensor_parallel_size=2 every rank would build" in result.stderr
+    assert ENGINE_STARTED not in result.stderr + result.stdout
+
+
 def test_unsupported_family_exits_with_the_supported_list(tmp_path):
     import keras_hub
 

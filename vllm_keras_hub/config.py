@@ -67,3 +67,26 @@ def register_config():
         AutoConfig.register(MODEL_TYPE, KerasHubConfig)
     except ValueError:
         pass  # Already registered in this process.
+
+
+class UnsupportedParallelismError(ValueError):
+    """A parallel layout KerasHub models cannot be served in yet."""
+
+
+def check_parallelism(tensor_parallel_size):
+    """Raises unless a KerasHub model can be served at this parallelism.
+
+    Args:
+        tensor_parallel_size: vLLM's `tensor_parallel_size`.
+
+    Raises:
+        UnsupportedParallelismError: above 1, naming why.
+    """
+    if tensor_parallel_size and tensor_parallel_size > 1:
+        raise UnsupportedParallelismError(
+            f"KerasHub models do not shard across ranks yet: at "
+            f"tensor_parallel_size={tensor_parallel_size} every rank would build "
+            "and run the whole model (replicas at N times the cost, not tensor "
+            "parallelism). Serve with tensor_parallel_size=1, or scale out with "
+            "data parallelism (--data-parallel-size)."
+        )

@@ -5,6 +5,7 @@ import os
 import vllm
 
 from vllm_keras_hub.config import LOAD_FORMAT
+from vllm_keras_hub.config import check_parallelism
 from vllm_keras_hub.plugin import register
 from vllm_keras_hub.preset_folder import ModelFolder
 from vllm_keras_hub.preset_folder import strip_prefix
@@ -58,6 +59,7 @@ class KerasHubLLM(vllm.LLM):
         self.model_folder = None
         preset = strip_prefix(model)
         if preset is not None:
+            check_parallelism(kwargs.get("tensor_parallel_size"))
             register()
             self.model_folder = ModelFolder(
                 preset, max_model_len=kwargs.get("max_model_len")

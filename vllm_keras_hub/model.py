@@ -36,6 +36,7 @@ from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
 from vllm_keras_hub.compile.saved_compile import load_saved_compiles
 from vllm_keras_hub.config import LOAD_FORMAT
+from vllm_keras_hub.config import check_parallelism
 from vllm_keras_hub.layers import attention as attention_layers
 from vllm_keras_hub.layers import moe
 from vllm_keras_hub.layers import moe_routes
@@ -74,6 +75,8 @@ class KerasHubForCausalLM(nn.Module):
                 f"load_format='{LOAD_FORMAT}' (--load-format {LOAD_FORMAT}), "
                 f"got load_format='{load_format}'."
             )
+        # Plain vLLM reaches here without `KerasHubLLM`'s or `serve`'s check.
+        check_parallelism(vllm_config.parallel_config.tensor_parallel_size)
         hf_config = vllm_config.model_config.hf_config
         self.family = families.family_by_name(hf_config.keras_hub_family)
         families.family_for_backbone(self.family.backbone, hf_config.keras_hub_preset)
