@@ -2,12 +2,17 @@
 
 import subprocess
 import sys
+import tempfile
+import time
+import types
 
 import openai
 import pytest
 
 from vllm_keras_hub import families
 from vllm_keras_hub.testing.presets import build_tiny_preset
+from vllm_keras_hub.testing.server import console_script
+from vllm_keras_hub.testing.server import engine_cores
 from vllm_keras_hub.testing.server import free_port
 from vllm_keras_hub.testing.server import running_server
 from vllm_keras_hub.testing.user_env import user_env
@@ -15,13 +20,32 @@ from vllm_keras_hub.testing.user_env import user_env
 ENGINE_STARTED = "Starting to load model"
 
 
-def run_cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "vllm_keras_hub.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def run_cli(*args, timeout_s=300):
+    """The installed `vllm-keras-hub` command, as a user's shell runs it.
+
+    Returns its `returncode`, `stdout` and `stderr`, and `engine_started`:
+    whether a vLLM engine-core process appeared while it ran (polled).
+    """
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(
+            [console_script(), *args], stdout=out, stderr=err, text=True, env=user_env()
+        )
+        engine_started = False
+        deadline = time.monotonic() + timeout_s
+        while process.poll() is None:
+            engine_started = engine_started or bool(engine_cores(process.pid))
+            if time.monotonic() > deadline:
+                process.kill()
+                raise TimeoutError(f"vllm-keras-hub {args} still running")
+            time.sleep(0.05)
+        out.seek(0)
+        err.seek(0)
+        return types.SimpleNamespace(
+            returncode=process.returncode,
+            stdout=out.read(),
+            stderr=err.read(),
+            engine_started=engine_started,
+        )
 
 
 @pytest.mark.parametrize(
@@ -36,6 +60,7 @@ def test_bad_model_exits_before_the_engine_starts(model, cause):
     result = run_cli("serve", model, "--port", str(free_port()))
     assert result.returncode == 2
     assert cause in result.stderr
+    assert not result.engine_started
     assert ENGINE_STARTED not in result.stderr + result.stdout
 
 
@@ -44,6 +69,7 @@ def test_tensor_parallelism_is_refused_before_the_engine_starts(tmp_path):
     result = run_cli("serve", preset, "--tensor-parallel-size", "2")
     assert result.returncode == 2
     assert "tensor_parallel_size=2 every rank would build" in result.stderr
+    assert not result.engine_started
     assert ENGINE_STARTED not in result.stderr + result.stdout
 
 
@@ -57,6 +83,7 @@ def test_unsupported_family_exits_with_the_supported_list(tmp_path):
     assert result.returncode == 2
     assert "RWKV7" in result.stderr and "recurrent state" in result.stderr
     assert ", ".join(families.supported_families()) in result.stderr
+    assert not result.engine_started
     assert ENGINE_STARTED not in result.stderr + result.stdout
 
 
@@ -75,7 +102,7 @@ def test_exported_folder_serves_with_plain_vllm(tmp_path):
         "--max-model-len", "128",
     ]  # fmt: skip
     # As a user's fresh shell runs it: no KERAS_BACKEND (see plugin_test.py).
-    with running_server(command, port, env=user_env()) as (base_url, _):
+    with running_server(command, port, model_name=folder) as (base_url, _):
         client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0)
         completion = client.completions.create(
             model=folder, prompt="Hello", max_tokens=5, temperature=0, extra_body={"ignore_eos": True}

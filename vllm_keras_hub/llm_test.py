@@ -43,7 +43,9 @@ def test_default_sampling_is_the_presets_greedy_sampler(gemma_llm, gemma_preset)
     outputs = gemma_llm.generate(PROMPTS, use_tqdm=False)
     expected = keras_hub_greedy(gemma_preset, PROMPTS, 16)
     end_token_id = keras_hub.tokenizers.Tokenizer.from_preset(gemma_preset).end_token_id
-    for output, (prompt_ids, generated_ids) in zip(outputs, expected):
+    for output, (prompt_ids, generated_ids) in zip(
+        outputs, expected, strict=True
+    ):
         assert output.prompt_token_ids == prompt_ids
         tokens = list(output.outputs[0].token_ids)
         assert tokens == generated_ids[: len(tokens)]

@@ -9,6 +9,7 @@ import torch
 from vllm import SamplingParams
 
 from vllm_keras_hub import families
+from vllm_keras_hub.probe import RouteError
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing.presets import build_tiny_preset
@@ -25,7 +26,7 @@ def test_layer_that_stops_routing_fails_the_step(tmp_path):
         attention_layer._compute_vllm_attention = (
             lambda hidden_states, cache, context: torch.zeros_like(hidden_states)
         )
-        with pytest.raises(Exception, match="1 of 2 transformer layers handed"):
+        with pytest.raises(RouteError, match="1 of 2 transformer layers handed"):
             llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm=False)
 
 
@@ -37,13 +38,12 @@ def test_moe_block_that_stops_routing_fails_the_step(tmp_path):
         # Block 0 now answers without handing its experts to vLLM.
         block = model.moe_blocks[0]
         block.call = lambda hidden_states, *args, **kwargs: (hidden_states, None)
-        with pytest.raises(Exception, match="1 of 2 MoE blocks handed"):
+        with pytest.raises(RouteError, match="1 of 2 MoE blocks handed"):
             llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm=False)
 
 
 def test_moe_blocks_must_each_route_once_at_start_up():
     from vllm_keras_hub.probe import Probe
-    from vllm_keras_hub.probe import RouteError
     from vllm_keras_hub.probe import check_moe_routes
 
     first, second = (types.SimpleNamespace(name=f"block_{i}") for i in range(2))
@@ -76,7 +76,7 @@ def test_family_without_route_fails_at_start_up(tmp_path, monkeypatch):
     monkeypatch.setitem(families._BY_BACKBONE, "MixtralBackbone", mixtral)
     monkeypatch.setitem(families._BY_NAME, "mixtral", mixtral)
     with pytest.raises(
-        Exception, match="did not route: transformer_layer_0, transformer_layer_1"
+        RouteError, match="did not route: transformer_layer_0, transformer_layer_1"
     ):
         with in_process_llm(f"keras_hub:{tmp_path}"):
             pass
@@ -108,7 +108,6 @@ def _spec(num_kv_heads=2, head_size=32, kv_sharing_target=None):
     ],
 )
 def test_kv_sharing_layer_must_fit_its_targets_cache(specs, message):
-    from vllm_keras_hub.probe import RouteError
     from vllm_keras_hub.probe import check_kv_sharing
 
     with pytest.raises(RouteError, match=message):

@@ -81,7 +81,9 @@ def assert_same_tokens(outputs, expected, family, column):
     backbone = TINY_FAMILIES[family][1]
     support_matrix.record(family, backbone, **{column: "FAIL"})
     assert len(outputs) == len(expected)
-    for prompt, output, (prompt_ids, generated_ids) in zip(PROMPTS, outputs, expected):
+    for prompt, output, (prompt_ids, generated_ids) in zip(
+        PROMPTS, outputs, expected, strict=True
+    ):
         assert output.prompt_token_ids == prompt_ids, (family, prompt)
         assert list(output.outputs[0].token_ids) == generated_ids, (family, prompt)
     support_matrix.record(family, backbone, **{column: "pass"})
@@ -112,7 +114,7 @@ def assert_experts_on_vllm(family, model):
 
     expected = len(model.attention) if family in MOE_FAMILIES else 0
     assert len(model.moe) == len(model.moe_blocks) == expected
-    for block, runner in zip(model.moe_blocks, model.moe):
+    for block, runner in zip(model.moe_blocks, model.moe, strict=True):
         assert isinstance(runner, MoERunner)
         for variable in moe_routes.route_of(block).variables(block):
             assert variable.value.numel() == 0, (block.name, variable.path)
@@ -289,6 +291,8 @@ def test_multimodal_presets_serve_text_as_generate(family, tmp_path):
     expected = keras_hub_greedy(preset, prompts, MAX_NEW_TOKENS)
     with in_process_llm(f"keras_hub:{preset}") as llm:
         outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
-    for output, (prompt_ids, generated_ids) in zip(outputs, expected):
+    for output, (prompt_ids, generated_ids) in zip(
+        outputs, expected, strict=True
+    ):
         assert output.prompt_token_ids == prompt_ids
         assert list(output.outputs[0].token_ids) == generated_ids

@@ -43,8 +43,11 @@ def run(llm):
     outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     logprobs = [
-        [step[token].logprob for step, token in zip(o.outputs[0].logprobs, ids)]
-        for o, ids in zip(outputs, tokens)
+        [
+            step[token].logprob
+            for step, token in zip(o.outputs[0].logprobs, ids, strict=True)
+        ]
+        for o, ids in zip(outputs, tokens, strict=True)
     ]
     return [o.prompt_token_ids for o in outputs], tokens, logprobs
 
@@ -63,7 +66,9 @@ def test_same_tokens_and_logprobs_as_vllm_native_llama(preset, tmp_path):
     assert prompts == native_prompts
     assert tokens == native_tokens
     differences = [
-        abs(a - b) for xs, ys in zip(logprobs, native_logprobs) for a, b in zip(xs, ys)
+        abs(a - b)
+        for xs, ys in zip(logprobs, native_logprobs, strict=True)
+        for a, b in zip(xs, ys, strict=True)
     ]
     print(
         f"\n{len(PROMPTS)} prompts x {MAX_NEW_TOKENS} tokens identical; chosen-token "

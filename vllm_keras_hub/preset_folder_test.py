@@ -168,6 +168,7 @@ def test_model_dims_reads_gemma3n_text_names():
 
 
 def test_chat_template_is_the_familys_or_a_clear_refusal(tiny):
+    from jinja2.exceptions import TemplateError
     from transformers import AutoTokenizer
 
     messages = [{"role": "user", "content": "Hi"}]
@@ -178,7 +179,7 @@ def test_chat_template_is_the_familys_or_a_clear_refusal(tiny):
             messages, tokenize=False, add_generation_prompt=True
         )
         assert prompt == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
-        with pytest.raises(Exception, match="Unknown role wizard"):
+        with pytest.raises(TemplateError, match="Unknown role wizard"):
             tokenizer.apply_chat_template(
                 [{"role": "wizard", "content": "Hi"}], tokenize=False
             )
@@ -187,7 +188,9 @@ def test_chat_template_is_the_familys_or_a_clear_refusal(tiny):
     folder = preset_folder.ModelFolder(tiny("gpt2"))
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder.path)
-        with pytest.raises(Exception, match="GPT-2 presets have no chat format.*--chat-template"):
+        with pytest.raises(
+            TemplateError, match="GPT-2 presets have no chat format.*--chat-template"
+        ):
             tokenizer.apply_chat_template(messages, tokenize=False)
     finally:
         folder.cleanup()

@@ -26,7 +26,9 @@ def server():
     command = serve_command(
         "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN), "--api-key", API_KEY
     )
-    with running_server(command, port) as (base_url, process):
+    with running_server(
+        command, port, model_name=DEFAULT_MODEL_NAME, api_key=API_KEY
+    ) as (base_url, process):
         yield base_url, process
 
 

@@ -99,7 +99,7 @@ def test_a_python_exponent_stays_a_scalar(dtype):
 
     torch._dynamo.reset()
     result = torch.compile(rms, backend=backend, fullgraph=True)(x)
-    for got, want in zip(result, rms(x)):
+    for got, want in zip(result, rms(x), strict=True):
         # torch.pow(x, 0.5) is a square root: the last bit may differ.
         torch.testing.assert_close(got, want)
     exponents = [
@@ -123,12 +123,12 @@ def test_take_along_axis_keeps_the_token_count_dynamic():
     torch._dynamo.reset()
     torch._dynamo.mark_dynamic(probs, 0)
     compiled = torch.compile(top_k_probs, backend="eager", fullgraph=True)
-    for got, want in zip(compiled(probs), top_k_probs(probs)):
+    for got, want in zip(compiled(probs), top_k_probs(probs), strict=True):
         assert torch.equal(got, want)
     # Another token count runs the same graph: nothing specialized it.
     other = torch.softmax(torch.randn(9, 4), -1)
     with torch.compiler.set_stance("fail_on_recompile"):
-        for got, want in zip(compiled(other), top_k_probs(other)):
+        for got, want in zip(compiled(other), top_k_probs(other), strict=True):
             assert torch.equal(got, want)
     # A broadcast still goes through Keras.
     row = torch.tensor([[0.1, 0.2, 0.7]])

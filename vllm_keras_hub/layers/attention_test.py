@@ -244,7 +244,7 @@ def test_gpt_oss_hands_vllm_its_sinks_and_keras_hubs_window():
     attention.install(backbone, family_of("gpt_oss"))
     served_hidden_states(backbone, record)
     assert [o["sliding_window"] for o in options] == [None, WINDOW + 1]
-    for layer, o in zip(layers, options):
+    for layer, o in zip(layers, options, strict=True):
         np.testing.assert_array_equal(
             keras.ops.convert_to_numpy(o["sinks"]),
             keras.ops.convert_to_numpy(layer.sinks),

@@ -81,7 +81,7 @@ def test_layers_match_keras_and_free_their_kernel(dtype):
             dtype, 4
         )
         actual = outputs()
-    for got, want in zip(actual, expected):
+    for got, want in zip(actual, expected, strict=True):
         assert got.shape == want.shape and got.dtype == want.dtype
         torch.testing.assert_close(
             got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype]

@@ -1,6 +1,7 @@
 """A real `vllm-keras-hub serve` process on a free loopback port, for tests."""
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -10,28 +11,54 @@ import tempfile
 import time
 import urllib.request
 
+from vllm_keras_hub.testing.user_env import user_env
+
 # A first compiled start of SmolLM2 takes ~3 minutes on 2 idle cores.
 STARTUP_TIMEOUT_S = 600
 
 
 def free_port():
+    """A loopback port free now. The server binds it later, so another
+    process may take it first: then the server fails to start, or
+    `running_server` finds another server there, and says so."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def _served_models(base_url, api_key):
+    request = urllib.request.Request(f"{base_url}/v1/models")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return [model["id"] for model in json.load(response)["data"]]
+
+
 @contextlib.contextmanager
-def running_server(command, port, timeout_s=STARTUP_TIMEOUT_S, env=None):
+def running_server(
+    command,
+    port,
+    timeout_s=STARTUP_TIMEOUT_S,
+    env=None,
+    model_name=None,
+    api_key=None,
+):
     """Runs `command` (a server on `port`) until the block exits.
 
-    Yields once `/health` answers 200. The server's output goes to a log file
+    Yields once `/health` answers 200 and `/v1/models` lists `model_name`,
+    so a server that is not ours on the same port fails loudly. The server
+    runs in its own process group (it spawns vLLM's engine processes), and
+    the whole group is ended afterwards. Its output goes to a log file
     whose tail is shown if it dies or does not come up in time.
 
     Args:
         command: The argv to run.
         port: The loopback port it listens on.
         timeout_s: How long start-up may take.
-        env: The server's environment; this process's by default.
+        env: The server's environment; a user's fresh shell's by default
+            (`user_env`).
+        model_name: The model name the server must list, if known.
+        api_key: The server's API key, if it has one.
 
     Yields:
         `(base_url, process)`.
@@ -42,7 +69,8 @@ def running_server(command, port, timeout_s=STARTUP_TIMEOUT_S, env=None):
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        env=env,
+        env=user_env() if env is None else env,
+        start_new_session=True,
     )
     base_url = f"http://127.0.0.1:{port}"
     try:
@@ -54,22 +82,41 @@ def running_server(command, port, timeout_s=STARTUP_TIMEOUT_S, env=None):
                 raise RuntimeError(f"server not healthy in {timeout_s} s:\n{_tail(log)}")
             try:
                 with urllib.request.urlopen(f"{base_url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
+                    healthy = r.status == 200
             except OSError:
-                pass
+                healthy = False
+            if healthy:
+                break
             time.sleep(1)
+        if model_name is not None:
+            served = _served_models(base_url, api_key)
+            if model_name not in served:
+                raise RuntimeError(
+                    f"the server on port {port} serves {served}, not {model_name!r}: "
+                    f"another process holds the port?\n{_tail(log)}"
+                )
         yield base_url, process
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        end_process_group(process)
         log.close()
         os.unlink(log.name)
+
+
+def end_process_group(process, timeout_s=60):
+    """SIGTERM to the server's process group, then SIGKILL to what is left."""
+    try:
+        group = os.getpgid(process.pid)
+    except ProcessLookupError:
+        group = process.pid  # The leader is gone; its group id was its pid.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
+    process.wait()
 
 
 def _tail(log, lines=60):
@@ -78,6 +125,32 @@ def _tail(log, lines=60):
         return "".join(f.readlines()[-lines:])
 
 
+def engine_cores(pid):
+    """The vLLM engine-core processes under process `pid`.
+
+    vLLM names them `VLLM::EngineCore` (setproctitle).
+    """
+    import psutil
+
+    found = []
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return found
+    for child in children:
+        try:
+            if "EngineCore" in child.name() + " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            pass
+    return found
+
+
+def console_script():
+    """The installed `vllm-keras-hub` command beside this interpreter."""
+    return os.path.join(os.path.dirname(sys.executable), "vllm-keras-hub")
+
+
 def serve_command(*args):
-    """`vllm-keras-hub serve ...` run by this interpreter."""
-    return [sys.executable, "-m", "vllm_keras_hub.cli", "serve", *args]
+    """`vllm-keras-hub serve ...`, the console script users run."""
+    return [console_script(), "serve", *args]

@@ -2,8 +2,8 @@
 
 `model_test.py` records each tiny preset's parity results and the attention
 features its served model used; `conftest.py` writes the table to
-`reports/support_matrix.md` when the session ends, and
-`scripts/update-support-matrix` copies it into the README.
+`build/test-reports/support_matrix.md` when the session ends, and
+`scripts/update-reports` copies it into the README.
 """
 
 from vllm_keras_hub import chat_templates

@@ -11,6 +11,8 @@ import os
 
 # What a login shell has that a command may need; nothing of Keras or vLLM.
 _KEPT = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER")
+# The suite's own cache roots (`conftest.py`): where, not how, things run.
+_CACHE_ROOTS = ("VLLM_CACHE_ROOT", "VLLM_KERAS_HUB_CACHE")
 
 
 def user_env(**variables):
@@ -19,6 +21,7 @@ def user_env(**variables):
     Args:
         **variables: Variables the user would have set themselves.
     """
-    env = {name: os.environ[name] for name in _KEPT if name in os.environ}
+    kept = _KEPT + _CACHE_ROOTS
+    env = {name: os.environ[name] for name in kept if name in os.environ}
     env.update(variables)
     return env
