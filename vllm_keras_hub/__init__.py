@@ -5,11 +5,10 @@ preset's own KerasHub layers on Keras's torch backend, with attention handed to
 vLLM's paged KV cache.
 """
 
-from vllm_keras_hub import backend
-
-# KerasHub layers must run on torch to live inside vLLM's torch model runner.
-# Set before anything imports keras; `backend.require_torch_backend()` checks it.
-backend.default_to_torch()
+# Importing the package sets nothing: vLLM imports it (our plugin) in every
+# process, for every model. `llm.py` and `cli.py`, where a user asks for a
+# KerasHub model, and `backend.require_torch_backend()`, where one is
+# served, make torch Keras's backend.
 
 __version__ = "0.1.0"
 

@@ -45,7 +45,7 @@ def require_torch_backend():
     backend named in `KERAS_BACKEND` is refused before Keras tries to import
     it (TensorFlow and JAX are not installed with vllm-keras-hub).
     """
-    requested = os.environ.get("KERAS_BACKEND", "torch")
+    requested = os.environ.setdefault("KERAS_BACKEND", "torch")
     if requested != "torch":
         raise RuntimeError(
             "vllm-keras-hub serves KerasHub models on Keras's torch backend, "

@@ -121,6 +121,10 @@ def export(model, directory):
 
 def main(argv=None):
     """Entry point of the `vllm-keras-hub` command."""
+    from vllm_keras_hub import backend
+
+    # Before anything imports Keras: a user's fresh shell names no backend.
+    backend.default_to_torch()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
         prog="vllm-keras-hub",

@@ -4,11 +4,18 @@ import os
 
 import vllm
 
-from vllm_keras_hub.config import LOAD_FORMAT
-from vllm_keras_hub.config import check_parallelism
-from vllm_keras_hub.plugin import register
-from vllm_keras_hub.preset_folder import ModelFolder
-from vllm_keras_hub.preset_folder import strip_prefix
+from vllm_keras_hub import backend
+
+# Before the imports below import Keras: a user's fresh shell names no
+# backend. (Not at package import: vLLM imports the package, our plugin, in
+# every process, for every model.)
+backend.default_to_torch()
+
+from vllm_keras_hub.config import LOAD_FORMAT  # noqa: E402
+from vllm_keras_hub.config import check_parallelism  # noqa: E402
+from vllm_keras_hub.plugin import register  # noqa: E402
+from vllm_keras_hub.preset_folder import ModelFolder  # noqa: E402
+from vllm_keras_hub.preset_folder import strip_prefix  # noqa: E402
 
 
 # vLLM's default `gpu_memory_utilization=0.92` is, on the CPU backend, a share

@@ -50,6 +50,26 @@ def test_loading_the_plugins_imports_no_keras_and_keras_hub_then_serves_on_torch
     assert "backend torch" in result.stdout
 
 
+def test_our_plugin_leaves_keras_alone_whichever_plugin_loads_first():
+    """vLLM imports every plugin module before calling any, in the order the
+    file system lists them. Ours, imported and called first, must not set
+    `KERAS_BACKEND` nor import Keras: keras-hub's would then import Keras on
+    torch in every vLLM process, for every model."""
+    result = run_python(
+        """
+        import os, sys
+        from vllm_keras_hub.plugin import register
+
+        register()
+        assert "KERAS_BACKEND" not in os.environ, os.environ["KERAS_BACKEND"]
+        assert not [m for m in sys.modules if m.split(".")[0] in ("keras", "keras_hub")]
+        print("untouched")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "untouched" in result.stdout
+
+
 def test_another_keras_backend_is_refused_only_for_keras_hub_models():
     result = run_python(
         """
