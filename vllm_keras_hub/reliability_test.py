@@ -198,10 +198,11 @@ def test_disconnects_abort_their_requests_and_leak_nothing(server):
     """Clients that leave mid-stream or while queued: their requests abort.
 
     50 requests of 400 tokens against 16 running slots, which would take
-    minutes to finish; 25 clients leave after 3 chunks, 25 while still
-    queued (before their first chunk, while the server counts waiting
-    requests). The server must be idle and healthy after, with none of the
-    50 finished by vLLM's own counters: they were aborted.
+    minutes to finish; 25 clients leave after 3 chunks, 25 before their
+    first chunk, once the server counts at least 20 requests waiting in its
+    queue (so most of those leave while queued). The server must be idle
+    and healthy after, with none of the 50 finished by vLLM's own counters:
+    they were aborted.
     """
     base_url, _ = server
     before = request_counts(base_url)
@@ -248,7 +249,7 @@ def test_disconnects_abort_their_requests_and_leak_nothing(server):
     elapsed = time.monotonic() - start
     after = request_counts(base_url)
     finished = {r: after.get(r, 0) - before.get(r, 0) for r in set(after) | set(before)}
-    REPORT["Faults: 50 clients disconnecting, 25 mid-stream and 25 while queued"] = {
+    REPORT["Faults: 50 clients disconnecting, 25 mid-stream and 25 before their first chunk"] = {
         "requests waiting when the queued clients left": f"{waiting_when_left[0]:.0f}",
         "requests finished normally (vLLM's counters)": sum(finished.values()),
         "seconds until idle (finishing all would take minutes)": round(elapsed, 1),
@@ -357,9 +358,11 @@ def tiny_preset(tmp_path_factory):
     return build_tiny_preset("llama3", str(tmp_path_factory.mktemp("llama3")))
 
 
-# The client's patience in the default (abort) case: vLLM 0.32 aborts the
-# request but sends its client nothing more (vLLM PR #36964, open), so the
-# client waits for its own timeout, and the server exits once it gives up.
+# The client's patience in the default (abort) case. vLLM 0.32 aborts the
+# request; whether its client then hears a last chunk (finish_reason "abort")
+# or nothing more is a race in vLLM's shutdown (vLLM PR #36964, open): both
+# were seen here, so a client that hears nothing waits for its own timeout,
+# and the server exits once it gives up.
 ABORTED_CLIENT_TIMEOUT_S = 10
 
 
@@ -420,4 +423,5 @@ def test_sigterm_with_a_request_in_flight(tiny_preset, flags, drains):
     if drains:
         assert (outcome, tokens) == ("length", 300)
     else:
-        assert outcome == "no more chunks (APITimeoutError)", outcome
+        assert outcome == "abort" or outcome.startswith("no more chunks"), outcome
+        assert tokens is None or tokens < 300, tokens
