@@ -214,17 +214,21 @@ class KerasHubForCausalLM(nn.Module):
         # The start-up probe named the routing layers; a step that routed
         # differently (a layer that fell back to its own attention) must not
         # return. Under torch.compile this is decided once, while tracing.
+        # keras-hub's bridge hands the n-th call the n-th layer's cache, so
+        # per step the count is what can be checked (the probe checked each
+        # layer by name at start-up). MoE blocks name themselves: each
+        # exactly once, in order.
         if len(routed) != len(self.attention):
             raise RouteError(
                 f"{self._name}: {len(routed)} of {len(self.attention)} "
                 "transformer layers handed attention to vLLM in this step; "
                 "serving it would give wrong output."
             )
-        if len(experts_routed) != len(self.moe):
+        if [b._vllm_moe_index for b in experts_routed] != list(range(len(self.moe))):
             raise RouteError(
-                f"{self._name}: {len(experts_routed)} of {len(self.moe)} MoE "
-                "blocks handed their experts to vLLM in this step; serving it "
-                "would give wrong output."
+                f"{self._name}: {len(experts_routed)} expert calls to vLLM in "
+                f"this step for {len(self.moe)} MoE blocks, not one per block "
+                "in order; serving it would give wrong output."
             )
         return hidden_states[:, 0, :]
 

@@ -38,7 +38,18 @@ def test_moe_block_that_stops_routing_fails_the_step(tmp_path):
         # Block 0 now answers without handing its experts to vLLM.
         block = model.moe_blocks[0]
         block.call = lambda hidden_states, *args, **kwargs: (hidden_states, None)
-        with pytest.raises(RouteError, match="1 of 2 MoE blocks handed"):
+        with pytest.raises(RouteError, match="1 expert calls to vLLM in this step for 2 MoE blocks"):
+            llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_moe_block_that_routes_as_another_fails_the_step(tmp_path):
+    preset = build_tiny_preset("qwen3_moe", str(tmp_path))
+    with in_process_llm(f"keras_hub:{preset}") as llm:
+        model = served_model(llm)
+        # Block 1 hands its tokens to block 0's experts: two calls for two
+        # blocks, which a count alone would pass.
+        model.moe_blocks[1]._vllm_moe_index = 0
+        with pytest.raises(RouteError, match="2 expert calls to vLLM in this step for 2 MoE blocks"):
             llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm=False)
 
 

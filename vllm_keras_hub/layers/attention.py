@@ -167,7 +167,7 @@ def install(backbone, family):
     if kv_sharing_targets is not None:
         targets = kv_sharing_targets(backbone)
     for transformer_layer, layer, target in zip(
-        transformer_layers(backbone), layers, targets
+        transformer_layers(backbone), layers, targets, strict=True
     ):
         layer._vllm_kv_sharing_target = target
         alibi_slopes = ALIBI_SLOPES.get(type(layer).__name__)
