@@ -2,9 +2,10 @@
 
 Most backbones take `token_ids` and `padding_mask` and nothing else. The
 functional graphs of multimodal Gemma3n and Gemma4 presets (all their
-published ones) also demand image and audio inputs, so for those two the
-text path their own `CausalLM.call_with_cache` runs is used instead, with
-no cache: for text, the same layers in the same order as the full graph.
+published ones) and of Gemma3's vision presets (`gemma3_4b` and up) also
+demand image and audio inputs, so for those the text path their own
+`CausalLM.call_with_cache` runs is used instead, with no cache: for text,
+the same layers in the same order as the full graph.
 """
 
 import torch
@@ -49,9 +50,21 @@ def text_forward(backbone, token_ids, padding_mask, positions):
         return _gemma3n(backbone, token_ids, padding_mask)
     if name == "Gemma4Backbone":
         return _gemma4(backbone, token_ids, padding_mask, positions)
+    if name == "Gemma3Backbone" and not backbone.text_only_model:
+        return _gemma3_vision(backbone, token_ids, padding_mask)
     return backbone(
         {"token_ids": token_ids, "padding_mask": padding_mask}, training=False
     )
+
+
+def _gemma3_vision(backbone, token_ids, padding_mask):
+    # `Gemma3CausalLM.call_with_cache` without images: scaled token
+    # embeddings, the layers with no vision mask (causal), the final norm.
+    x = backbone.token_embedding(token_ids)
+    x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
+    for layer in backbone.transformer_layers:
+        x = layer(x, padding_mask=padding_mask, vision_mask=None)
+    return backbone.layer_norm(x)
 
 
 def _gemma3n(backbone, token_ids, padding_mask):

@@ -282,6 +282,27 @@ _TOKENIZER_FAMILY = {"gemma2": "gemma", "phi3_su": "phi3", "gemma4_moe": "gemma4
 NEEDS_TENSORFLOW = ("gemma3", "gemma3n", "gemma4", "gemma4_moe")
 
 
+def _gemma3_vision_encoder(vocabulary_size):
+    from keras_hub.src.models.gemma3.gemma3_vision_encoder import (
+        Gemma3VisionEncoder,
+    )
+
+    # As `gemma3_4b` and up: a SigLIP encoder pooled to the text width.
+    return dict(
+        image_size=32,
+        vision_encoder=Gemma3VisionEncoder(
+            image_size=32,
+            patch_size=8,
+            num_heads=2,
+            hidden_dim=32,
+            num_layers=1,
+            intermediate_dim=64,
+            output_dim=_COMMON["hidden_dim"],
+            pool_size=2,
+        ),
+    )
+
+
 def _gemma4_vision_encoder(vocabulary_size):
     from keras_hub.src.models.gemma4.gemma4_vision_encoder import (
         Gemma4VisionEncoder,
@@ -337,9 +358,13 @@ def _gemma3n_audio_encoder(vocabulary_size):
     )
 
 
-# Families whose published presets all carry media encoders -> the backbone
-# arguments adding a tiny one (Gemma4: images; Gemma3n: audio).
-MULTIMODAL = {"gemma4": _gemma4_vision_encoder, "gemma3n": _gemma3n_audio_encoder}
+# Families whose published presets carry media encoders -> the backbone
+# arguments adding a tiny one (Gemma3, Gemma4: images; Gemma3n: audio).
+MULTIMODAL = {
+    "gemma3": _gemma3_vision_encoder,
+    "gemma4": _gemma4_vision_encoder,
+    "gemma3n": _gemma3n_audio_encoder,
+}
 
 
 def backbone_kwargs(family, vocabulary_size, multimodal=False):
