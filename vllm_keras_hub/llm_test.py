@@ -114,3 +114,48 @@ def test_tensor_parallelism_is_refused_before_an_engine_starts(gemma_preset):
 
     with pytest.raises(UnsupportedParallelismError, match="every rank would build"):
         KerasHubLLM(f"keras_hub:{gemma_preset}", tensor_parallel_size=2)
+
+
+TOP_K_SAMPLES = 8
+
+
+def test_default_sampling_is_the_presets_top_k_sampler(tmp_path):
+    """README: most families sample top-k 5 by default, as `compile()` does.
+
+    Flat logits, so plain sampling would often leave the top 5. Every sampled
+    token is checked against the preset's own logits on its served context.
+    """
+    import keras
+    import numpy as np
+
+    preset = build_tiny_preset("llama3", str(tmp_path), logit_scale=1.0)
+    with in_process_llm(f"keras_hub:{preset}") as llm:
+        defaults = llm.get_default_sampling_params()
+        assert (defaults.top_k, defaults.temperature) == (5, 1.0)
+        outputs = llm.generate(PROMPTS * TOP_K_SAMPLES, use_tqdm=False)
+    causal_lm = keras_hub.models.CausalLM.from_preset(preset, preprocessor=None)
+    ranks = []
+    for output in outputs:
+        prompt, tokens = output.prompt_token_ids, list(output.outputs[0].token_ids)
+        context = np.array([prompt + tokens])
+        logits = causal_lm({"token_ids": context, "padding_mask": np.ones_like(context)})
+        logits = keras.ops.convert_to_numpy(logits[0])
+        for step, token in enumerate(tokens):
+            scores = logits[len(prompt) - 1 + step]
+            ranks.append(int((scores > scores[token]).sum()))
+    assert max(ranks) < 5, ranks
+    assert len(set(ranks)) > 1, ranks  # Sampled, not greedy.
+
+
+def test_dtype_auto_serves_a_bfloat16_preset_in_bfloat16(tmp_path):
+    """`serve`'s default `--dtype auto`, for a preset saved in bfloat16."""
+    import torch
+
+    from vllm_keras_hub.testing.engines import served_model
+
+    plain = build_tiny_preset("llama3", str(tmp_path / "float32"))
+    preset = str(tmp_path / "bfloat16")
+    keras_hub.models.CausalLM.from_preset(plain, dtype="bfloat16").save_to_preset(preset)
+    with in_process_llm(f"keras_hub:{preset}", dtype="auto") as llm:
+        assert llm.llm_engine.model_config.dtype == torch.bfloat16
+        assert {v.dtype for v in served_model(llm).backbone.weights} == {"bfloat16"}

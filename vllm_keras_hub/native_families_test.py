@@ -15,14 +15,11 @@ import shutil
 
 import pytest
 from keras_hub.src.utils.transformers.export.hf_exporter import export_to_safetensors
-from vllm import LLM
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
 from vllm_keras_hub.model_test import PROMPTS
 from vllm_keras_hub.sampling import causal_lm_class
-from vllm_keras_hub.testing.engines import TEST_ENGINE_KWARGS
-from vllm_keras_hub.testing.engines import in_process_engine_env
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing import hf_models
@@ -50,21 +47,20 @@ EXPORTED_FAMILIES = {
 
 
 def native_greedy(folder, architecture, prompt_ids):
-    with in_process_engine_env():
-        llm = LLM(
-            folder,
-            distributed_executor_backend="uni",
-            hf_overrides={"architectures": [architecture]},
-            **TEST_ENGINE_KWARGS,
+    """vLLM's native `architecture` on `folder`, through `KerasHubLLM`.
+
+    `KerasHubLLM` must pass a model that is not `keras_hub:` to `vllm.LLM`
+    unchanged (README), so it also proves that: vLLM's own class serves it,
+    with no model folder of ours.
+    """
+    with in_process_llm(folder, hf_overrides={"architectures": [architecture]}) as llm:
+        assert llm.model_folder is None
+        assert type(served_model(llm)).__name__ == architecture
+        outputs = llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
+            GREEDY,
+            use_tqdm=False,
         )
-        try:
-            outputs = llm.generate(
-                [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
-                GREEDY,
-                use_tqdm=False,
-            )
-        finally:
-            llm.llm_engine.engine_core.shutdown()
     return [list(output.outputs[0].token_ids) for output in outputs]
 
 

@@ -28,8 +28,9 @@ PROMPTS = [
 ]
 MAX_NEW_TOKENS = 24
 # Chosen-token logprob differences between two float32 implementations of
-# the same model (different matmul blocking and attention kernels).
-LOGPROB_TOLERANCE = 1e-3
+# the same model (different matmul blocking and attention kernels):
+# measured at most 2e-5 on this machine; the bound is five times that.
+LOGPROB_TOLERANCE = 1e-4
 SETTINGS = dict(TEST_ENGINE_KWARGS, max_model_len=512, enforce_eager=True)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, logprobs=1)
 

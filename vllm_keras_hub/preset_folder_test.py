@@ -6,8 +6,10 @@ import subprocess
 import keras_hub
 import pytest
 
+from vllm_keras_hub import chat_templates
 from vllm_keras_hub import families
 from vllm_keras_hub import preset_folder
+from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import build_tiny_preset
 
 
@@ -192,6 +194,31 @@ def test_chat_template_is_the_familys_or_a_clear_refusal(tiny):
             TemplateError, match="GPT-2 presets have no chat format.*--chat-template"
         ):
             tokenizer.apply_chat_template(messages, tokenize=False)
+    finally:
+        folder.cleanup()
+
+
+# The families the README's matrix marks "none (400)". The GPT-2 server test
+# (cli_test.py) proves vLLM answers this template's error with a 400.
+FAMILIES_WITHOUT_CHAT = sorted(
+    family.name
+    for family in families.FAMILIES
+    if family.route and family.name in TINY_FAMILIES and not chat_templates.chat_format(family.name)
+)
+
+
+@pytest.mark.parametrize("family", FAMILIES_WITHOUT_CHAT)
+def test_a_family_without_chat_format_gets_the_clear_refusal(tiny, family):
+    from jinja2.exceptions import TemplateError
+    from transformers import AutoTokenizer
+
+    folder = preset_folder.ModelFolder(tiny(family))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder.path)
+        with pytest.raises(TemplateError, match="no chat format.*--chat-template"):
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": "Hi"}], tokenize=False
+            )
     finally:
         folder.cleanup()
 

@@ -142,3 +142,47 @@ def test_keras_device_names_resolve_as_tensors_report_them(monkeypatch):
     assert resolved_device("cuda") == torch.device("cuda:1")
     assert resolved_device("cuda:0") == torch.device("cuda:0")
     assert resolved_device("cpu") == torch.zeros(1).device
+
+
+def test_registering_is_process_wide_and_leaves_eager_keras_alone():
+    """The substitutes stay registered for the process (README), so in a
+    fresh one: Keras's helpers are the same objects after, and eager Keras
+    gives bit-identical results; only Dynamo's traces change."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from vllm_keras_hub.testing.user_env import user_env
+
+    code = """
+        import torch
+        from keras import ops
+        from keras.src.backend.common import keras_tensor
+        from keras.src.backend.torch import core, numpy as torch_numpy
+
+        from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
+
+        helpers = (keras_tensor.any_symbolic_tensors, core.convert_to_tensor,
+                   torch_numpy.power, torch_numpy.take_along_axis)
+        x = torch.randn(3, 4)
+        index = torch.tensor([[0], [2], [1]])
+        def step():
+            return (ops.power(ops.add(ops.multiply(x, 2.0), 1), 2),
+                    ops.take_along_axis(x, index, axis=1))
+        before = step()
+        substitute_keras_helpers()
+        after = step()
+        assert helpers == (keras_tensor.any_symbolic_tensors, core.convert_to_tensor,
+                           torch_numpy.power, torch_numpy.take_along_axis)
+        assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+        print("eager unchanged")
+    """
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=user_env(KERAS_BACKEND="torch"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "eager unchanged" in result.stdout
