@@ -1,12 +1,15 @@
 import os
-import shutil
-import tempfile
 
 # Before anything imports keras: the served layers run on torch.
 os.environ.setdefault("KERAS_BACKEND", "torch")
-# The suite's own cache roots, not the user's ~/.cache: vLLM's compile cache
-# and vllm-keras-hub's (the SmolLM2 preset). Tests about reuse make their own.
-_CACHE_ROOT = tempfile.mkdtemp(prefix="vllm-keras-hub-tests-")
+# The suite's own cache roots, not the user's ~/.cache/vllm and
+# ~/.cache/vllm-keras-hub: vLLM's compile and model-info caches, and the
+# SmolLM2 preset. Kept between runs, as a user's are (vLLM keys its saved
+# compiles by config and traced sources, so a changed file compiles again);
+# tests about reuse make their own. Delete the folder for a cold run.
+_CACHE_ROOT = os.environ.get("VLLM_KERAS_HUB_TEST_CACHE") or os.path.join(
+    os.path.expanduser("~"), ".cache", "vllm-keras-hub-tests"
+)
 os.environ["VLLM_CACHE_ROOT"] = os.path.join(_CACHE_ROOT, "vllm")
 os.environ["VLLM_KERAS_HUB_CACHE"] = os.path.join(_CACHE_ROOT, "vllm-keras-hub")
 
@@ -20,4 +23,3 @@ def pytest_sessionfinish(session):
     if support_matrix.RESULTS:
         with open(reports.path("support_matrix.md"), "w") as f:
             f.write(support_matrix.render())
-    shutil.rmtree(_CACHE_ROOT, ignore_errors=True)

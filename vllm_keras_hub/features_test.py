@@ -7,8 +7,9 @@ layers. Where text matters the model is the real SmolLM2-135M-Instruct preset
 in float32; elsewhere a tiny random-weight preset.
 
 Engines are started on first use and shared by the tests that follow with
-the same settings; at most one runs at a time (the module's tests are ordered
-so each setting starts once).
+the same settings; at most one runs at a time. Each test asks for its engine
+by its settings, so any order gives the same results; the file's order only
+makes each setting start once.
 """
 
 import concurrent.futures
@@ -144,7 +145,8 @@ def engines(smol_preset, tiny_presets, tmp_path_factory):
 
     @contextlib.contextmanager
     def spawned(settings):
-        llm = KerasHubLLM(model, seed=0, **SMOL_SETTINGS, **settings)
+        # Eager: speculation is what is tested, not compiling.
+        llm = KerasHubLLM(model, seed=0, enforce_eager=True, **SMOL_SETTINGS, **settings)
         try:
             yield llm
         finally:
@@ -212,7 +214,9 @@ def baseline(engines):
 # Logprobs and prompt logprobs against vLLM's native Llama on the same weights.
 
 LOGPROB_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time,"]
-LOGPROB_TOLERANCE = 1e-3
+# Measured at most 2e-5 on this machine (float32; different matmul blocking
+# and attention kernels); the bound is five times that.
+LOGPROB_TOLERANCE = 1e-4
 
 
 def logprob_run(llm):
@@ -522,36 +526,46 @@ def test_int8_quantized_preset(engines, tiny_presets):
 
 # bfloat16 logits are rounded to a few significant bits: KerasHub's own
 # generate() and a teacher-forced forward pass of the same bfloat16 model can
-# already break an exact tie differently. A served token that differs from
-# generate()'s must be within this of the top logit (about 4 bfloat16 ulps at
-# the tiny preset's logits of 5-10); after it the rows' contexts differ.
+# already break an exact tie differently, and after one different token a
+# row's context differs. So every served bfloat16 token is checked against
+# the preset's own bfloat16 model on the served context itself: it must be
+# within this of that step's top logit (about 4 bfloat16 ulps at the tiny
+# preset's logits of 5-10), and most must be its exact argmax.
 BFLOAT16_TIE = 0.125
+BFLOAT16_EXACT_SHARE = 0.8
 
 
 def assert_greedy_up_to_ties(preset, dtype, served, expected, tolerance):
-    """Served greedy tokens equal `expected` but where the top logits tie.
+    """Each served token is the preset's own greedy choice, up to ties.
 
-    At a row's first difference, the served token's logit under the preset's
-    own `dtype` model, on the common context, must be within `tolerance` of
-    the largest.
+    Teacher-forces every row's prompt and served tokens through the preset's
+    own `dtype` model: at each step the served token's logit must be within
+    `tolerance` of the largest, and at least `BFLOAT16_EXACT_SHARE` of all
+    served tokens must be the argmax. Rows equal to `generate()`'s are
+    counted for the report.
     """
     causal_lm = keras_hub.models.CausalLM.from_preset(preset, dtype=dtype, preprocessor=None)
-    differences = []
+    gaps, equal_rows = [], 0
     for (prompt_ids, got), (expected_prompt, want) in zip(served, expected, strict=True):
         assert prompt_ids == expected_prompt
-        pairs = enumerate(zip(got, want, strict=True))
-        step = next((i for i, (a, b) in pairs if a != b), None)
-        if step is None:
-            continue
-        context = np.array([prompt_ids + want[:step]])
+        equal_rows += got == want
+        context = np.array([prompt_ids + got])
         logits = causal_lm({"token_ids": context, "padding_mask": np.ones_like(context)})
-        logits = keras.ops.convert_to_numpy(keras.ops.cast(logits[0, -1], "float32"))
-        differences.append((step, float(logits.max() - logits[got[step]])))
-    print(f"\n{dtype}: (step, top logit - served logit) where tokens differ: {differences}")
-    assert all(gap <= tolerance for _, gap in differences), differences
+        logits = keras.ops.convert_to_numpy(keras.ops.cast(logits[0], "float32"))
+        for step, token in enumerate(got):
+            scores = logits[len(prompt_ids) - 1 + step]
+            gaps.append(float(scores.max() - scores[token]))
+    exact = sum(gap == 0 for gap in gaps) / len(gaps)
+    print(
+        f"\n{dtype}: {equal_rows} of {len(served)} rows equal generate()'s; "
+        f"{exact:.0%} of {len(gaps)} tokens the exact argmax on their own "
+        f"context, largest gap to the top logit {max(gaps):.3f}"
+    )
+    assert max(gaps) <= tolerance, gaps
+    assert exact >= BFLOAT16_EXACT_SHARE, gaps
 
 
-# float32 last: the data-parallel test compares with its engine.
+# float32 last: the data-parallel test reuses its engine (only speed).
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_weights_dtype(engines, tiny_presets, dtype):
     expected = oracle_ids(tiny_presets["plain"], dtype)
@@ -583,6 +597,7 @@ def test_data_parallel_matches_one_engine(engines, tiny_presets):
         "--dtype", "float32",
         "--data-parallel-size", "2",
         "--api-server-count", "1",
+        "--enforce-eager",  # replicas are what is tested, not compiling
     )  # fmt: skip
     with running_server(command, port, model_name=model) as (base_url, _):
         client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)

@@ -23,9 +23,13 @@ MAX_MODEL_LEN = 512
 @pytest.fixture(scope="module")
 def server():
     port = free_port()
+    # The default command, compiled; the same engine settings as
+    # reliability_test.py's server, so the later of the two loads the
+    # compile the first saved, as a user's restart does.
     command = serve_command(
-        "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN), "--api-key", API_KEY
-    )
+        "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN),
+        "--max-num-seqs", "16", "--api-key", API_KEY,
+    )  # fmt: skip
     with running_server(
         command, port, model_name=DEFAULT_MODEL_NAME, api_key=API_KEY
     ) as (base_url, process):
