@@ -40,6 +40,7 @@ def parity(families):
     from vllm.compilation.counter import compilation_counter
 
     from vllm_keras_hub import KerasHubLLM
+    from vllm_keras_hub.testing.engines import in_process_engine_env
     from vllm_keras_hub.testing.oracle import keras_hub_greedy
     from vllm_keras_hub.testing.presets import build_tiny_preset
 
@@ -49,19 +50,23 @@ def parity(families):
         preset = build_tiny_preset(family, tempfile.mkdtemp(prefix=f"gpu-{family}-"))
         expected = keras_hub_greedy(preset, PROMPTS, MAX_NEW_TOKENS)
         captured = compilation_counter.num_cudagraph_captured
-        # A small share of the GPU per engine: one engine after another.
-        llm = KerasHubLLM(
-            f"keras_hub:{preset}",
-            dtype="float32",
-            max_model_len=256,
-            gpu_memory_utilization=0.3,
-            seed=0,
-        )
-        try:
-            mode = llm.llm_engine.vllm_config.compilation_config.cudagraph_mode
-            outputs = llm.generate(PROMPTS, greedy, use_tqdm=False)
-        finally:
-            llm.close()
+        # In this process, so vLLM's compilation counter here sees the
+        # engine's CUDA graphs; a small share of the GPU per engine, one
+        # engine after another.
+        with in_process_engine_env():
+            llm = KerasHubLLM(
+                f"keras_hub:{preset}",
+                dtype="float32",
+                max_model_len=256,
+                gpu_memory_utilization=0.3,
+                seed=0,
+                distributed_executor_backend="uni",
+            )
+            try:
+                mode = llm.llm_engine.vllm_config.compilation_config.cudagraph_mode
+                outputs = llm.generate(PROMPTS, greedy, use_tqdm=False)
+            finally:
+                llm.close()
         served = [
             (o.prompt_token_ids, list(o.outputs[0].token_ids)) for o in outputs
         ]
