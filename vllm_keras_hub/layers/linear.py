@@ -252,8 +252,8 @@ def use_vllm_cpu_gemm(model, step):
     an untied ReversibleEmbedding's output projection. Layers that are
     quantized, have LoRA enabled, are not built, or whose weight dtype
     differs from their compute dtype keep Keras's matmul. So do layers whose
-    weight other code reads (Gemma4's MoE block multiplies its feed-forward
-    kernels itself): `step` runs once with every candidate moved and Keras's
+    weight other code reads (Gemma4's decoder block multiplies its MoE
+    feed-forward kernels itself): `step` runs once with every candidate moved and Keras's
     copies still there, and any weight read outside its layer's call stays
     with Keras. The other Keras copies are then freed; a moved weight can no
     longer be read, so the model can serve but not train, save or be

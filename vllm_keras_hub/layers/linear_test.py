@@ -138,7 +138,7 @@ def test_a_kernel_read_elsewhere_stays_with_keras():
         expected = ops.matmul(inputs, read.kernel)
 
         def step():
-            # Like Gemma4's MoE block: code outside `read.call` multiplies by
+            # Like Gemma4's decoder block: code outside `read.call` multiplies by
             # its kernel.
             return ops.matmul(inputs, read.kernel), model(inputs)
 
