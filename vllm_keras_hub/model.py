@@ -211,13 +211,12 @@ class KerasHubForCausalLM(nn.Module):
             kv_caches=self.attention,
         ), moe.experts_scope(experts):
             hidden_states = packed_forward(self.backbone, input_ids, positions)
-        # The start-up probe named the routing layers; a step that routed
-        # differently (a layer that fell back to its own attention) must not
-        # return. Under torch.compile this is decided once, while tracing.
-        # keras-hub's bridge hands the n-th call the n-th layer's cache, so
-        # per step the count is what can be checked (the probe checked each
-        # layer by name at start-up). MoE blocks name themselves: each
-        # exactly once, in order.
+        # A step that routed differently from the start-up probe (a layer
+        # that fell back to its own attention) must not return; under
+        # torch.compile this is decided once, while tracing. Attention is
+        # counted (keras-hub's bridge hands the n-th call the n-th layer's
+        # cache; the probe checked layers by name); MoE blocks carry their
+        # index, so each must route exactly once, in order.
         if len(routed) != len(self.attention):
             raise RouteError(
                 f"{self._name}: {len(routed)} of {len(self.attention)} "
