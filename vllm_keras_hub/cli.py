@@ -72,10 +72,12 @@ def serve(model, vllm_argv):
     cli_env_setup()
     parser, command = _serve_parser()
     args = parser.parse_args(["serve", "placeholder", *vllm_argv])
-    check_parallelism(args.tensor_parallel_size)
     given = {arg.split("=", 1)[0] for arg in vllm_argv}
     folder = ModelFolder(preset, max_model_len=args.max_model_len)
     try:
+        check_parallelism(
+            folder.family, args.tensor_parallel_size, args.pipeline_parallel_size
+        )
         args.model = args.model_tag = folder.path
         if args.load_format == "auto":
             args.load_format = LOAD_FORMAT

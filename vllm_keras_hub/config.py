@@ -73,20 +73,33 @@ class UnsupportedParallelismError(ValueError):
     """A parallel layout KerasHub models cannot be served in yet."""
 
 
-def check_parallelism(tensor_parallel_size):
-    """Raises unless a KerasHub model can be served at this parallelism.
+def check_parallelism(family, tensor_parallel_size, pipeline_parallel_size=None):
+    """Raises unless `family` can be served at this parallelism.
 
     Args:
+        family: The preset's `families.Family`.
         tensor_parallel_size: vLLM's `tensor_parallel_size`.
+        pipeline_parallel_size: vLLM's `pipeline_parallel_size`.
 
     Raises:
-        UnsupportedParallelismError: above 1, naming why.
+        UnsupportedParallelismError: naming the family and what to use.
     """
-    if tensor_parallel_size and tensor_parallel_size > 1:
+    from vllm_keras_hub import families
+
+    if pipeline_parallel_size and pipeline_parallel_size > 1:
         raise UnsupportedParallelismError(
-            f"KerasHub models do not shard across ranks yet: at "
-            f"tensor_parallel_size={tensor_parallel_size} every rank would build "
-            "and run the whole model (replicas at N times the cost, not tensor "
-            "parallelism). Serve with tensor_parallel_size=1, or scale out with "
-            "data parallelism (--data-parallel-size)."
+            f"KerasHub models are not split into pipeline stages yet "
+            f"(pipeline_parallel_size={pipeline_parallel_size}): every stage "
+            "would build the whole model. Use tensor parallelism "
+            "(--tensor-parallel-size) or data parallelism "
+            "(--data-parallel-size)."
+        )
+    if tensor_parallel_size and tensor_parallel_size > 1 and not family.tensor_parallel:
+        sharded = ", ".join(families.tensor_parallel_families())
+        raise UnsupportedParallelismError(
+            f"{family.display_name} cannot be served with tensor parallelism "
+            f"yet (tensor_parallel_size={tensor_parallel_size}): its layers are "
+            f"not mapped to vLLM's parallel linear layers. Families that are: "
+            f"{sharded}. Serve it with tensor_parallel_size=1, or scale out "
+            "with --data-parallel-size."
         )

@@ -24,6 +24,10 @@ class Family:
             stops on besides the tokenizer's `end_token_id` (and
             `end_token2_id`, read from the tokenizer itself).
         unsupported_reason: Why a family without a route cannot be served.
+        tensor_parallel: Whether its layers shard across tensor-parallel
+            ranks (`layers/parallel_linear.py`); set where `parallel_test.py`
+            proves it (Llama shares Llama3's layers, Qwen 2 is proven
+            through the server).
     """
 
     name: str
@@ -32,35 +36,46 @@ class Family:
     route: str | None = "keras_hub"
     stop_tokens: tuple[str, ...] = ()
     unsupported_reason: str = ""
+    tensor_parallel: bool = False
 
 
 FAMILIES = (
     Family("gpt2", "GPT-2", "GPT2Backbone"),
     Family("opt", "OPT", "OPTBackbone"),
-    Family("llama", "Llama", "LlamaBackbone"),
-    Family("llama3", "Llama3", "Llama3Backbone"),
+    Family("llama", "Llama", "LlamaBackbone", tensor_parallel=True),
+    Family("llama3", "Llama3", "Llama3Backbone", tensor_parallel=True),
     Family("mistral", "Mistral", "MistralBackbone"),
     # Our route, not keras-hub's: keras-hub's passes a sliding window that
     # Qwen's `generate()` never applies on torch (see layers/attention_routes.py, `qwen`).
-    Family("qwen", "Qwen 2/2.5", "QwenBackbone", "vllm_keras_hub"),
+    Family(
+        "qwen", "Qwen 2/2.5", "QwenBackbone", "vllm_keras_hub", tensor_parallel=True
+    ),
     # Our route, not keras-hub's: keras-hub's passes a sliding window that
     # Qwen3's `generate()` never applies on torch (see layers/attention_routes.py, `qwen3`).
     Family("qwen3", "Qwen3", "Qwen3Backbone", "vllm_keras_hub"),
-    Family("gemma", "Gemma / Gemma2", "GemmaBackbone"),
+    Family("gemma", "Gemma / Gemma2", "GemmaBackbone", tensor_parallel=True),
     Family(
         "gemma3", "Gemma3 (text)", "Gemma3Backbone", stop_tokens=("<end_of_turn>",)
     ),
     Family("mixtral", "Mixtral", "MixtralBackbone", "vllm_keras_hub"),
     Family("qwen_moe", "Qwen1.5-MoE", "QwenMoeBackbone", "vllm_keras_hub"),
-    Family("qwen3_moe", "Qwen3-MoE", "Qwen3MoeBackbone", "vllm_keras_hub"),
+    Family(
+        "qwen3_moe",
+        "Qwen3-MoE",
+        "Qwen3MoeBackbone",
+        "vllm_keras_hub",
+        tensor_parallel=True,
+    ),
     Family("smollm3", "SmolLM3", "SmolLM3Backbone", "vllm_keras_hub"),
     Family("phi3", "Phi-3", "Phi3Backbone", "vllm_keras_hub", ("<|end|>",)),
     # Served as the model's forward computes it; KerasHub's own cached
     # decode rotates the query at position 0 (see layers/attention_routes.py, `gpt_neox`).
     Family("gpt_neox", "GPT-NeoX", "GPTNeoXBackbone", "vllm_keras_hub"),
-    Family("bloom", "Bloom", "BloomBackbone", "vllm_keras_hub"),
+    Family("bloom", "Bloom", "BloomBackbone", "vllm_keras_hub", tensor_parallel=True),
     Family("falcon", "Falcon", "FalconBackbone", "vllm_keras_hub"),
-    Family("gpt_oss", "GPT-OSS", "GptOssBackbone", "vllm_keras_hub"),
+    Family(
+        "gpt_oss", "GPT-OSS", "GptOssBackbone", "vllm_keras_hub", tensor_parallel=True
+    ),
     # KV sharing: the last `num_kv_shared_layers` layers attend over an
     # earlier layer's cache (layers.attention.KV_SHARING_TARGETS).
     Family(
@@ -104,6 +119,11 @@ class UnsupportedFamilyError(ValueError):
 def supported_families():
     """Display names of the families that have a route, in table order."""
     return [family.display_name for family in FAMILIES if family.route]
+
+
+def tensor_parallel_families():
+    """Display names of the families served with tensor parallelism."""
+    return [family.display_name for family in FAMILIES if family.tensor_parallel]
 
 
 def family_by_name(name):

@@ -66,11 +66,19 @@ class KerasHubLLM(vllm.LLM):
         self.model_folder = None
         preset = strip_prefix(model)
         if preset is not None:
-            check_parallelism(kwargs.get("tensor_parallel_size"))
             register()
             self.model_folder = ModelFolder(
                 preset, max_model_len=kwargs.get("max_model_len")
             )
+            try:
+                check_parallelism(
+                    self.model_folder.family,
+                    kwargs.get("tensor_parallel_size"),
+                    kwargs.get("pipeline_parallel_size"),
+                )
+            except BaseException:
+                self.close()
+                raise
             model = self.model_folder.path
             kwargs.setdefault("load_format", LOAD_FORMAT)
             kwargs.setdefault("tokenizer_mode", self.model_folder.tokenizer_mode)

@@ -109,11 +109,11 @@ def test_the_cpu_default_kv_cache_is_2_gib(gemma_preset):
     assert 0.9 * asked <= allocated <= asked
 
 
-def test_tensor_parallelism_is_refused_before_an_engine_starts(gemma_preset):
+def test_pipeline_parallelism_is_refused_before_an_engine_starts(gemma_preset):
     from vllm_keras_hub.config import UnsupportedParallelismError
 
-    with pytest.raises(UnsupportedParallelismError, match="every rank would build"):
-        KerasHubLLM(f"keras_hub:{gemma_preset}", tensor_parallel_size=2)
+    with pytest.raises(UnsupportedParallelismError, match="every stage would build"):
+        KerasHubLLM(f"keras_hub:{gemma_preset}", pipeline_parallel_size=2)
 
 
 TOP_K_SAMPLES = 8

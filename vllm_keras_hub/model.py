@@ -40,6 +40,7 @@ from vllm_keras_hub.config import check_parallelism
 from vllm_keras_hub.layers import attention as attention_layers
 from vllm_keras_hub.layers import moe
 from vllm_keras_hub.layers import moe_routes
+from vllm_keras_hub.layers import parallel_linear
 from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
 from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
 from vllm_keras_hub.loader import backbone_dtype
@@ -75,11 +76,16 @@ class KerasHubForCausalLM(nn.Module):
                 f"load_format='{LOAD_FORMAT}' (--load-format {LOAD_FORMAT}), "
                 f"got load_format='{load_format}'."
             )
-        # Plain vLLM reaches here without `KerasHubLLM`'s or `serve`'s check.
-        check_parallelism(vllm_config.parallel_config.tensor_parallel_size)
         hf_config = vllm_config.model_config.hf_config
         self.family = families.family_by_name(hf_config.keras_hub_family)
         families.family_for_backbone(self.family.backbone, hf_config.keras_hub_preset)
+        # Plain vLLM reaches here without `KerasHubLLM`'s or `serve`'s check.
+        parallel_config = vllm_config.parallel_config
+        check_parallelism(
+            self.family,
+            parallel_config.tensor_parallel_size,
+            parallel_config.pipeline_parallel_size,
+        )
         self.preset = hf_config.keras_hub_preset
         self.vllm_config = vllm_config
         # Before vLLM's first (compiled) call, which loads a saved compile.
@@ -90,6 +96,8 @@ class KerasHubForCausalLM(nn.Module):
         self.attention = nn.ModuleList()
         self.moe = nn.ModuleList()
         self.moe_blocks = []
+        # vLLM's parallel linear layers holding this rank's shards.
+        self.parallel_linears = nn.ModuleList()
         self._route_layers = []
         # Matmul layers moved to vLLM's prepacked CPU GEMM (`layers/linear.py`).
         self.cpu_gemm_layers = 0
@@ -119,6 +127,9 @@ class KerasHubForCausalLM(nn.Module):
         use_direct_calls(backbone)
         use_rotary_tables(backbone, model_config.max_model_len)
         substitute_keras_helpers()
+        device = self.vllm_config.device_config.device
+        with set_current_vllm_config(self.vllm_config), torch.device(device):
+            self.parallel_linears = nn.ModuleList(self._shard(backbone))
         routes = probe.run(backbone)
         probe.check_attention_routes(routes, backbone, self._name)
         probe.check_moe_routes(routes, moe_blocks, self._name)
@@ -131,7 +142,6 @@ class KerasHubForCausalLM(nn.Module):
                 "%d KerasHub matmul layers run on vLLM's CPU GEMM",
                 self.cpu_gemm_layers,
             )
-        device = self.vllm_config.device_config.device
         with set_current_vllm_config(self.vllm_config), torch.device(device):
             self.attention = nn.ModuleList(
                 attention_layers.build(
@@ -146,6 +156,28 @@ class KerasHubForCausalLM(nn.Module):
         self.attention_specs = routes.specs
         self._route_layers = routes.attention_layers
         self._dtype = model_config.dtype
+
+    def _shard(self, backbone):
+        """This rank's shards of every layer's matmuls, at TP > 1."""
+        from vllm.distributed import get_tensor_model_parallel_rank
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        ranks = get_tensor_model_parallel_world_size()
+        if ranks == 1:
+            return []
+        linears = parallel_linear.shard(
+            attention_layers.transformer_layers(backbone),
+            get_tensor_model_parallel_rank(),
+            ranks,
+            f"{self.prefix}parallel_linears.",
+        )
+        logger.info(
+            "%d KerasHub matmul layers hold 1/%d of their weights on vLLM's "
+            "parallel linear layers",
+            len(linears),
+            ranks,
+        )
+        return linears
 
     def _build_moe(self, blocks, dtype):
         """A vLLM `FusedMoE` per MoE block, holding the block's experts."""

@@ -359,6 +359,8 @@ class ModelFolder:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         self._finalizer = weakref.finalize(self, _release, self.path, marker)
+        with open(os.path.join(self.path, "config.json")) as f:
+            self.family = families.family_by_name(json.load(f)["keras_hub_family"])
 
     def cleanup(self):
         """Lets go of the folder now. Safe to call more than once."""

@@ -259,7 +259,8 @@ def alibi_attention(layer, hidden_states, dense_layers):
         alibi_slopes=layer._vllm_alibi_slopes,
     )
     num_tokens = ops.shape(hidden_states)[0]
-    output = ops.reshape(output, (num_tokens, 1, layer.num_heads * layer.head_dim))
+    # The rank's heads under tensor parallelism, all heads otherwise.
+    output = ops.reshape(output, (num_tokens, 1, -1))
     return output_dense(output)
 
 

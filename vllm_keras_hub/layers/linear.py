@@ -28,10 +28,14 @@ _TIED_OUTPUT_CLASSES = {}
 
 
 class _PackedKernel:
-    """A weight held by vLLM's CPU GEMM, and how a layer's input meets it."""
+    """A weight held by a vLLM GEMM, and how a layer's input meets it.
 
-    def __init__(self, linear, in_size, contracted_rank, out_shape):
-        self.linear = linear
+    `matmul(x)` multiplies `(rows, in_size)` by the weight: vLLM's packed CPU
+    GEMM, or one of vLLM's parallel linear layers (`parallel_linear.py`).
+    """
+
+    def __init__(self, matmul, in_size, contracted_rank, out_shape):
+        self.matmul = matmul
         self.in_size = in_size
         self.contracted_rank = contracted_rank
         self.out_shape = out_shape
@@ -76,7 +80,7 @@ def matmul_plan(equation):
     return permutation, len(contracted)
 
 
-def _matmul_weight(layer):
+def matmul_weight(layer):
     """The weight a built layer's call multiplies its input by, if plain.
 
     Returns:
@@ -104,7 +108,7 @@ def _matmul_weight(layer):
 def _packed_matmul(self, inputs):
     packed = self._packed_kernel
     batch_shape = inputs.shape[: inputs.ndim - packed.contracted_rank]
-    x = packed.linear(inputs.reshape(-1, packed.in_size), None, None)
+    x = packed.matmul(inputs.reshape(-1, packed.in_size))
     return x.reshape(*batch_shape, *packed.out_shape)
 
 
@@ -146,6 +150,27 @@ def _soft_capped(layer, logits):
         return logits
     soft_cap = layer.logit_soft_cap
     return ops.multiply(ops.tanh(ops.divide(logits, soft_cap)), soft_cap)
+
+
+def _cpu_gemm(linear, x):
+    return linear(x, None, None)
+
+
+def use_packed_kernel(layer, matmul, in_size, contracted_rank, out_shape):
+    """Makes `layer`'s call multiply by `matmul` instead of its own kernel.
+
+    The layer's bias, activation and soft cap stay its own; reads of its
+    kernel are recorded (and refused once it is freed).
+
+    Args:
+        layer: A layer `matmul_weight` gives a weight for.
+        matmul: Multiplies `(rows, in_size)` by the weight.
+        in_size: The contracted size.
+        contracted_rank: How many trailing input axes are contracted.
+        out_shape: The output's trailing axes.
+    """
+    layer._packed_kernel = _PackedKernel(matmul, in_size, contracted_rank, out_shape)
+    layer.__class__ = _gemm_class(type(layer))
 
 
 def _guarded_weight(keras_getter):
@@ -271,12 +296,12 @@ def use_vllm_cpu_gemm(model, step):
     """
     chosen = []
     for layer in model._flatten_layers(include_self=True):
-        if not layer.built:
+        if not layer.built or hasattr(layer, "_packed_kernel"):
             continue
         if _is_float32_tied_output(layer):
             layer.__class__ = _tied_output_class(type(layer))
             continue
-        weight = _matmul_weight(layer)
+        weight = matmul_weight(layer)
         if weight is None:
             continue
         if getattr(layer, "quantization_mode", None) is not None:
@@ -295,12 +320,14 @@ def use_vllm_cpu_gemm(model, step):
         linear = _pack(kernel.reshape(in_size, -1))
         if linear is None:
             continue
-        out_shape = tuple(kernel.shape[contracted_rank:])
-        layer._packed_kernel = _PackedKernel(
-            linear, in_size, contracted_rank, out_shape
-        )
         keras_class = type(layer)
-        layer.__class__ = _gemm_class(keras_class)
+        use_packed_kernel(
+            layer,
+            functools.partial(_cpu_gemm, linear),
+            in_size,
+            contracted_rank,
+            tuple(kernel.shape[contracted_rank:]),
+        )
         packed.append((layer, keras_class, variable))
     step()
     # A variable two layers share stays if either layer's weight was read.

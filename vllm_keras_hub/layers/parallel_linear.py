@@ -1,0 +1,260 @@
+"""Tensor parallelism: each rank holds its shard of the KerasHub matmuls.
+
+As in vLLM's own models, every transformer layer's attention and MLP are
+split across the tensor-parallel ranks:
+- the query, key and value projections and the MLP's input projections are
+  vLLM `ColumnParallelLinear`s: each rank holds its heads (or intermediate
+  units) of the kernel and its slice of the bias;
+- the attention output and MLP output projections are `RowParallelLinear`s
+  over the rank's heads or units, with vLLM's all-reduce after them, and the
+  layer's own bias added once, after the reduce;
+- where there are fewer KV heads than ranks, each KV head is replicated on
+  `ranks / kv_heads` ranks, as `QKVParallelLinear` replicates it;
+- per-head tensors (ALiBi slopes, attention sinks) are cut to the rank's
+  heads.
+
+The KerasHub layers keep their own code: an `EinsumDense` over a kernel
+of `heads / ranks` heads gives `heads / ranks` heads out, and the layers'
+reshapes, norms, rotary embeddings and activations work per head. Only the
+head counts the attention routes pass on (`num_key_value_heads`) become the
+rank's. The token embedding and output head stay whole on every rank
+(replicated, not vocab-parallel), so a tied embedding keeps one tensor and
+the logits need no gather.
+"""
+
+import math
+
+import torch
+
+from vllm_keras_hub.config import UnsupportedParallelismError
+from vllm_keras_hub.layers import linear
+from vllm_keras_hub.layers import moe_routes
+
+# Sublayer names, by what the sublayer is in its attention or decoder layer.
+QUERY = ("_query_dense", "query_dense")
+KEY = ("_key_dense", "key_dense")
+VALUE = ("_value_dense", "value_dense")
+ATTENTION_OUTPUT = ("_output_dense", "output_dense")
+MLP_INPUT = (
+    "_feedforward_intermediate_dense",
+    "_feedforward_gate_dense",
+    "feedforward_intermediate_dense",
+    "feedforward_gate_dense",
+    "_mlp_intermediate_dense",
+    "dense_h_to_4h",
+    "gating_ffw",
+    "gating_ffw_2",
+)
+MLP_OUTPUT = (
+    "_feedforward_output_dense",
+    "feedforward_output_dense",
+    "_mlp_output_dense",
+    "dense_4h_to_h",
+    "ffw_linear",
+)
+
+def _sublayer(owner, names, role):
+    found = [
+        getattr(owner, name)
+        for name in names
+        if getattr(owner, name, None) is not None
+    ]
+    if not found or (len(found) > 1 and role != "mlp"):
+        raise UnsupportedParallelismError(
+            f"{owner.name}: expected one {role} projection among {names}, found "
+            f"{len(found)}; it cannot be sharded."
+        )
+    return found
+
+
+def _plan(layer):
+    """`(permutation, contracted_rank)` of a layer's plain matmul, or raises."""
+    weight = linear.matmul_weight(layer)
+    if weight is None:
+        raise UnsupportedParallelismError(
+            f"{layer.name} ({type(layer).__name__}) is not a plain matmul; "
+            "it cannot be sharded."
+        )
+    return weight
+
+
+def _heads(layer):
+    # An EinsumDense projection's first output axis is its heads.
+    variable, permutation, contracted_rank = _plan(layer)
+    return variable.shape[permutation[contracted_rank]]
+
+
+def _shard_column(layer, rank, ranks, prefix, heads=None):
+    """Makes `layer` a `ColumnParallelLinear` over its first output axis.
+
+    Args:
+        layer: A built Dense or plain-matmul EinsumDense.
+        rank: This rank's index among `ranks` shards.
+        ranks: How many shards the output is cut into (fewer than the
+            tensor-parallel size where KV heads are replicated).
+        prefix: The vLLM layer's name.
+        heads: The output's head count, for the error message.
+    """
+    from vllm.model_executor.layers.linear import ColumnParallelLinear
+
+    variable, permutation, contracted_rank = _plan(layer)
+    kernel = variable.value.detach().permute(permutation)
+    in_size = math.prod(kernel.shape[:contracted_rank])
+    out_shape = list(kernel.shape[contracted_rank:])
+    if out_shape[0] % ranks:
+        raise UnsupportedParallelismError(
+            f"{layer.name}: {out_shape[0]} {'heads' if heads else 'units'} do "
+            f"not split into {ranks} shards."
+        )
+    vllm_linear = ColumnParallelLinear(
+        in_size,
+        math.prod(out_shape),
+        bias=False,
+        params_dtype=kernel.dtype,
+        prefix=prefix,
+        return_bias=False,
+        tp_rank=rank,
+        tp_size=ranks,
+    )
+    vllm_linear.weight.weight_loader(
+        vllm_linear.weight, kernel.reshape(in_size, -1).t()
+    )
+    out_shape[0] //= ranks
+    bias = getattr(layer, "bias", None)
+    if bias is not None:
+        if tuple(bias.shape) != tuple(kernel.shape[contracted_rank:])[-bias.ndim :]:
+            raise UnsupportedParallelismError(
+                f"{layer.name}: a bias of shape {tuple(bias.shape)} over an "
+                f"output of shape {tuple(kernel.shape[contracted_rank:])} "
+                "cannot be sharded."
+            )
+        if bias.ndim == len(out_shape):
+            size = out_shape[0]
+            bias.value.data = bias.value.data[rank * size : (rank + 1) * size].clone()
+    _use(layer, vllm_linear, in_size, contracted_rank, tuple(out_shape), variable)
+    return vllm_linear
+
+
+def _shard_row(layer, rank, ranks, prefix):
+    """Makes `layer` a `RowParallelLinear` over its first contracted axis."""
+    from vllm.model_executor.layers.linear import RowParallelLinear
+
+    variable, permutation, contracted_rank = _plan(layer)
+    kernel = variable.value.detach().permute(permutation)
+    in_shape = list(kernel.shape[:contracted_rank])
+    if in_shape[0] % ranks:
+        raise UnsupportedParallelismError(
+            f"{layer.name}: an input of {in_shape[0]} does not split into "
+            f"{ranks} shards."
+        )
+    in_size = math.prod(in_shape)
+    vllm_linear = RowParallelLinear(
+        in_size,
+        math.prod(kernel.shape[contracted_rank:]),
+        bias=False,
+        params_dtype=kernel.dtype,
+        prefix=prefix,
+        return_bias=False,
+    )
+    vllm_linear.weight.weight_loader(
+        vllm_linear.weight, kernel.reshape(in_size, -1).t()
+    )
+    out_shape = tuple(kernel.shape[contracted_rank:])
+    _use(layer, vllm_linear, in_size // ranks, contracted_rank, out_shape, variable)
+    return vllm_linear
+
+
+def _use(layer, vllm_linear, in_size, contracted_rank, out_shape, variable):
+    vllm_linear.quant_method.process_weights_after_loading(vllm_linear)
+    linear.use_packed_kernel(layer, vllm_linear, in_size, contracted_rank, out_shape)
+    variable.value.data = torch.empty(0, dtype=variable.value.dtype)
+    layer._packed_kernel.freed = True
+
+
+def _cut_per_head(attention, rank, ranks):
+    # The rank's heads of the tensors vLLM's `Attention` takes per head.
+    slopes = getattr(attention, "_vllm_alibi_slopes", None)
+    if slopes is not None:
+        size = len(slopes) // ranks
+        attention._vllm_alibi_slopes = slopes[rank * size : (rank + 1) * size]
+    sinks = getattr(attention, "sinks", None)
+    if sinks is not None:
+        size = sinks.shape[0] // ranks
+        sinks.value.data = sinks.value.data[rank * size : (rank + 1) * size].clone()
+
+
+def _attention_of(block):
+    # The sublayer with a vLLM route: keras-hub's own or one we installed.
+    found = [
+        layer
+        for layer in block._flatten_layers(include_self=False)
+        if hasattr(layer, "_compute_vllm_attention")
+    ]
+    if len(found) != 1:
+        raise UnsupportedParallelismError(
+            f"{block.name}: expected one attention layer with a vLLM route, "
+            f"found {len(found)}; it cannot be sharded."
+        )
+    return found[0]
+
+
+def shard(transformer_layers, rank, ranks, prefix):
+    """Shards every transformer layer's attention and MLP across the ranks.
+
+    Call after the attention routes are installed (ALiBi slopes are read
+    from all heads), inside `set_current_vllm_config`, with vLLM's
+    distributed groups initialised.
+
+    Args:
+        transformer_layers: The backbone's transformer layers, their
+            attention routes installed.
+        rank: This rank's tensor-parallel index.
+        ranks: The tensor-parallel size.
+        prefix: Name prefix of the vLLM layers.
+
+    Returns:
+        The vLLM linear layers made, to be registered as the model's
+        submodules.
+    """
+    made = []
+    for index, block in enumerate(transformer_layers):
+        attention = _attention_of(block)
+        name = f"{prefix}{index}."
+        (query,) = _sublayer(attention, QUERY, "query")
+        (key,) = _sublayer(attention, KEY, "key")
+        (value,) = _sublayer(attention, VALUE, "value")
+        (output,) = _sublayer(attention, ATTENTION_OUTPUT, "attention output")
+        kv_heads = _heads(key)
+        if kv_heads % ranks and ranks % kv_heads:
+            raise UnsupportedParallelismError(
+                f"{attention.name}: {kv_heads} KV heads neither split over nor "
+                f"replicate onto {ranks} ranks."
+            )
+        # KV head `h` is on ranks `h * replicas ... (h + 1) * replicas - 1`.
+        kv_shards = min(kv_heads, ranks)
+        kv_rank = rank * kv_shards // ranks
+        made.append(_shard_column(query, rank, ranks, f"{name}q", heads=True))
+        made.append(_shard_column(key, kv_rank, kv_shards, f"{name}k", heads=True))
+        made.append(
+            _shard_column(value, kv_rank, kv_shards, f"{name}v", heads=True)
+        )
+        made.append(_shard_row(output, rank, ranks, f"{name}o"))
+        if hasattr(attention, "num_key_value_heads"):
+            attention.num_key_value_heads = kv_heads // kv_shards
+        _cut_per_head(attention, rank, ranks)
+        if _has_moe(block):
+            # vLLM's `FusedMoE` shards the experts and all-reduces their sum;
+            # a shared expert and the router stay whole on every rank.
+            continue
+        for index_in, layer in enumerate(_sublayer(block, MLP_INPUT, "mlp")):
+            made.append(_shard_column(layer, rank, ranks, f"{name}mlp_in{index_in}"))
+        for index_out, layer in enumerate(_sublayer(block, MLP_OUTPUT, "mlp")):
+            made.append(_shard_row(layer, rank, ranks, f"{name}mlp_out{index_out}"))
+    return made
+
+
+def _has_moe(block):
+    return any(
+        type(layer).__name__ in moe_routes.ROUTES
+        for layer in block._flatten_layers(include_self=False)
+    )

@@ -1,0 +1,147 @@
+"""Tensor parallelism: each rank holds its shard, and the tokens stay the same.
+
+Two ranks on vLLM's multiprocessing executor and CPU communicator (gloo plus
+shared memory), one spawned worker per rank, each bound to one core with
+`VLLM_CPU_OMP_THREADS_BIND="0|1"` as the README tells CPU users on one NUMA
+node. Every case serves a mixed batch with chunked prefill and checks it
+against the preset's own `CausalLM.generate()`, then asks each rank what it
+holds.
+
+All-reduce sums the ranks' partial outputs in another order than one matmul
+does, so logits differ in the last bits; the tiny presets' widened logits
+keep greedy tokens exact (checked, not assumed: no tolerance is applied).
+"""
+
+import openai
+import pytest
+
+from vllm_keras_hub.model_test import CHUNK
+from vllm_keras_hub.model_test import GREEDY
+from vllm_keras_hub.model_test import MAX_NEW_TOKENS
+from vllm_keras_hub.model_test import PROMPTS
+from vllm_keras_hub.testing.oracle import keras_hub_greedy
+from vllm_keras_hub.testing.parallel import rank_report
+from vllm_keras_hub.testing.parallel import tensor_parallel_llm
+from vllm_keras_hub.testing.presets import build_tiny_preset
+from vllm_keras_hub.testing.server import free_port
+from vllm_keras_hub.testing.server import running_server
+from vllm_keras_hub.testing.server import serve_command
+from vllm_keras_hub.testing.user_env import user_env
+
+# One core per rank: vLLM's automatic binding wants a NUMA node per rank.
+BIND = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+
+# family -> what it proves beyond plain GQA.
+CASES = {
+    "llama3": "GQA, compiled",
+    "gemma2": "soft caps and a sliding window",
+    "gemma": "one KV head, replicated on both ranks",
+    "bloom": "ALiBi slopes cut per rank, a row-parallel bias added once",
+    "gpt_oss": "attention sinks cut per rank, experts on vLLM's FusedMoE",
+    "qwen3_moe": "q/k norms, experts on vLLM's FusedMoE",
+}
+
+
+@pytest.fixture(autouse=True)
+def _bind_threads(monkeypatch):
+    for name, value in BIND.items():
+        monkeypatch.setenv(name, value)
+
+
+def _single_rank(preset):
+    """The attention specs and expert widths of the whole model."""
+    import keras_hub
+
+    from vllm_keras_hub import probe
+    from vllm_keras_hub.layers import attention
+    from vllm_keras_hub.layers import moe_routes
+    from vllm_keras_hub.preset_folder import read_preset
+
+    backbone = keras_hub.models.Backbone.from_preset(preset)
+    attention.install(backbone, read_preset(preset)[0])
+    blocks = moe_routes.install(backbone)
+    widths = [
+        moe_routes.route_of(block).spec(block).intermediate_size for block in blocks
+    ]
+    return probe.run(backbone).specs, widths
+
+
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_tensor_parallel_greedy_parity(family, tmp_path):
+    preset = build_tiny_preset(family, str(tmp_path))
+    expected = keras_hub_greedy(preset, PROMPTS, MAX_NEW_TOKENS)
+    assert max(len(ids) for ids, _ in expected) > CHUNK
+    with tensor_parallel_llm(
+        f"keras_hub:{preset}",
+        max_num_batched_tokens=CHUNK,
+        enable_chunked_prefill=True,
+        enforce_eager=family != "llama3",
+    ) as llm:
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        reports = sorted(llm.collective_rpc(rank_report), key=lambda r: r["rank"])
+    for prompt, output, (prompt_ids, generated_ids) in zip(
+        PROMPTS, outputs, expected, strict=True
+    ):
+        assert output.prompt_token_ids == prompt_ids, prompt
+        assert list(output.outputs[0].token_ids) == generated_ids, prompt
+
+    specs, expert_widths = _single_rank(preset)
+    assert [report["rank"] for report in reports] == [0, 1]
+    for report in reports:
+        # Every sharded matmul holds 1/2 of its weight on its rank (a
+        # replicated KV head: all of it), and Keras's copies are gone.
+        assert report["linears"]
+        for held, full, shards in report["linears"]:
+            assert held * shards == full
+        replicated = [shards for _, _, shards in report["linears"]].count(1)
+        assert replicated == (2 * len(specs) if family == "gemma" else 0)
+        assert report["keras_kernels"] == 0
+        assert report["heads"] == [
+            (spec.num_heads // 2, max(spec.num_kv_heads // 2, 1)) for spec in specs
+        ]
+        assert report["experts"] == [width // 2 for width in expert_widths]
+    # Per-head tensors: each rank has its own heads' values, in head order.
+    for name in ("alibi_slopes", "sinks"):
+        for layer, spec in enumerate(specs):
+            whole = getattr(spec, name)
+            cut = [report[name][layer] for report in reports]
+            if whole is None:
+                assert cut == [None, None]
+                continue
+            assert cut[0] != cut[1]
+            assert cut[0] + cut[1] == pytest.approx(whole)
+    assert any(spec.alibi_slopes for spec in specs) == (family == "bloom")
+    assert any(spec.sinks for spec in specs) == (family == "gpt_oss")
+
+
+def test_tensor_parallel_server_gives_the_offline_tokens(tmp_path):
+    """`serve --tensor-parallel-size 2` through the official `openai` client.
+
+    Qwen 2: its q/k/v biases are cut per rank.
+    """
+    preset = build_tiny_preset("qwen", str(tmp_path))
+    expected = keras_hub_greedy(preset, PROMPTS, MAX_NEW_TOKENS)
+    model = f"keras_hub:{preset}"
+    port = free_port()
+    command = serve_command(
+        model,
+        "--port", str(port),
+        "--tensor-parallel-size", "2",
+        "--max-model-len", "256",
+        "--dtype", "float32",
+        "--enforce-eager",  # ranks are what is tested, not compiling
+    )  # fmt: skip
+    env = user_env(**BIND)
+    with running_server(command, port, env=env, model_name=model) as (base_url, _):
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+        for prompt, (prompt_ids, generated_ids) in zip(PROMPTS, expected, strict=True):
+            completion = client.completions.create(
+                model=model,
+                prompt=prompt,
+                max_tokens=MAX_NEW_TOKENS,
+                temperature=0,
+                extra_body={"ignore_eos": True, "return_token_ids": True},
+            )
+            choice = completion.choices[0]
+            assert choice.prompt_token_ids == prompt_ids, prompt
+            assert choice.token_ids == generated_ids, prompt
