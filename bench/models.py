@@ -34,8 +34,10 @@ class Model:
         text_prompts: Whether prompts are text (else token ids).
         systems: The systems a full run gives it.
         dtypes: The dtypes a full run gives it.
-        hf_config: For a random MoE model: its family in
+        hf_config: For a random-weight model: its family in
             `testing/hf_models.py` and its transformers config.
+        tensor_parallel_size: vLLM's `tensor_parallel_size` for every
+            vLLM system.
     """
 
     name: str
@@ -44,6 +46,7 @@ class Model:
     systems: tuple
     dtypes: tuple
     hf_config: tuple | None = None
+    tensor_parallel_size: int = 1
 
 
 _ALL_SYSTEMS = (
@@ -86,6 +89,18 @@ _MIXTRAL = dict(
     initializer_range=0.05,
 )
 
+# A Llama of SmolLM2-135M's size whose heads split over 2 ranks
+# (SmolLM2's 9 do not, in vLLM native either).
+_LLAMA_TP = dict(
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    vocab_size=32768,
+    initializer_range=0.05,
+)
+
 MODELS = {
     "smollm2": Model(
         "smollm2", "SmolLM2-135M-Instruct", True, _ALL_SYSTEMS, ("float32", "bfloat16")
@@ -105,6 +120,15 @@ MODELS = {
         _MOE_SYSTEMS,
         ("float32",),
         ("mixtral", _MIXTRAL),
+    ),
+    "llama_tp2": Model(
+        "llama_tp2",
+        "Llama shape (12 layers, hidden 768, random weights), tensor parallel 2",
+        False,
+        ("keras_hub", "native_compiled"),
+        ("float32",),
+        ("llama", _LLAMA_TP),
+        tensor_parallel_size=2,
     ),
 }
 

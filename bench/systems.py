@@ -61,13 +61,32 @@ class PeakRss:
         self.root = psutil.Process(pid or os.getpid())
         self.interval_s = interval_s
         self.peak = 0
+        self.workers = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
         while not self._stop.is_set():
-            self.peak = max(self.peak, tree_rss(self.root))
+            self._sample()
             self._stop.wait(self.interval_s)
+
+    def _sample(self):
+        import psutil
+
+        self.peak = max(self.peak, tree_rss(self.root))
+        # Each vLLM worker process (one per rank) on its own.
+        try:
+            children = self.root.children(recursive=True)
+        except psutil.Error:
+            return
+        for proc in children:
+            try:
+                title = (proc.cmdline() or [""])[0]
+                rss = proc.memory_info().rss
+            except psutil.Error:
+                continue
+            if title.startswith("VLLM::Worker"):
+                self.workers[title] = max(self.workers.get(title, 0), rss)
 
     def __enter__(self):
         self._thread.start()
@@ -76,13 +95,13 @@ class PeakRss:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, tree_rss(self.root))
+        self._sample()
 
 
 class VllmSystem:
     """`KerasHubLLM` or `vllm.LLM` with the benchmark's engine settings."""
 
-    def __init__(self, system, dtype, hf_folder, preset, text):
+    def __init__(self, system, dtype, hf_folder, preset, text, tensor_parallel_size=1):
         import vllm
 
         kwargs = dict(
@@ -90,6 +109,7 @@ class VllmSystem:
             max_model_len=MAX_MODEL_LEN,
             kv_cache_memory_bytes=KV_CACHE_BYTES,
             seed=SEED,
+            tensor_parallel_size=tensor_parallel_size,
         )
         if system in ("keras_hub", "keras_hub_eager"):
             from vllm_keras_hub import KerasHubLLM
@@ -110,6 +130,7 @@ class VllmSystem:
                 self.llm.llm_engine.vllm_config.compilation_config.mode, "name", "?"
             ),
             "enforce_eager": self.llm.llm_engine.vllm_config.model_config.enforce_eager,
+            "tensor_parallel_size": tensor_parallel_size,
         }
 
     def generate(self, requests):
@@ -228,7 +249,16 @@ def timed(fn, *args):
     return time.perf_counter() - start, result
 
 
-def run_system(system, dtype, size, hf_folder, preset, text, startup_only=False):
+def run_system(
+    system,
+    dtype,
+    size,
+    hf_folder,
+    preset,
+    text,
+    startup_only=False,
+    tensor_parallel_size=1,
+):
     """One (system, dtype) in this process: start-up, then every scenario.
 
     Args:
@@ -239,6 +269,7 @@ def run_system(system, dtype, size, hf_folder, preset, text, startup_only=False)
         preset: The model's KerasHub preset.
         text: Whether the model's prompts are text (else token ids).
         startup_only: Only start (and compile) the system.
+        tensor_parallel_size: vLLM's, for the vLLM systems.
     """
     import torch
 
@@ -268,7 +299,9 @@ def run_system(system, dtype, size, hf_folder, preset, text, startup_only=False)
         try:
             start = time.perf_counter()
             if system in VLLM_SYSTEMS:
-                engine = VllmSystem(system, dtype, hf_folder, preset, text)
+                engine = VllmSystem(
+                    system, dtype, hf_folder, preset, text, tensor_parallel_size
+                )
             elif system == "keras_generate":
                 engine = KerasGenerateSystem(dtype, preset, text)
             else:
@@ -344,4 +377,8 @@ def run_system(system, dtype, size, hf_folder, preset, text, startup_only=False)
             }
         engine.close() if hasattr(engine, "close") else None
     result["peak_rss_mb"] = rss.peak / 2**20
+    if rss.workers:
+        result["worker_peak_rss_mb"] = {
+            title: peak / 2**20 for title, peak in sorted(rss.workers.items())
+        }
     return result

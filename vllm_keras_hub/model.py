@@ -96,8 +96,11 @@ class KerasHubForCausalLM(nn.Module):
         self.attention = nn.ModuleList()
         self.moe = nn.ModuleList()
         self.moe_blocks = []
-        # vLLM's parallel linear layers holding this rank's shards.
+        # vLLM's parallel linear layers holding this rank's shards, and
+        # the vocabulary-parallel output head (tensor parallelism only).
         self.parallel_linears = nn.ModuleList()
+        self.lm_head = None
+        self.logits_processor = None
         self._route_layers = []
         # Matmul layers moved to vLLM's prepacked CPU GEMM (`layers/linear.py`).
         self.cpu_gemm_layers = 0
@@ -165,6 +168,9 @@ class KerasHubForCausalLM(nn.Module):
         ranks = get_tensor_model_parallel_world_size()
         if ranks == 1:
             return []
+        self.lm_head, self.logits_processor = parallel_linear.vocab_parallel_head(
+            attention_layers.token_embedding(backbone), f"{self.prefix}lm_head"
+        )
         linears = parallel_linear.shard(
             attention_layers.transformer_layers(backbone),
             get_tensor_model_parallel_rank(),
@@ -268,10 +274,16 @@ class KerasHubForCausalLM(nn.Module):
 
         KerasHub's `ReversibleEmbedding` also applies a family's final logit
         soft cap (Gemma2); a task-level one (Gemma4's `final_logit_cap`)
-        follows.
+        follows. Under tensor parallelism the projection is vLLM's
+        vocabulary-parallel head, holding the same weights.
         """
-        embedding = attention_layers.token_embedding(self.backbone)
-        logits = embedding(hidden_states, reverse=True)
+        if self.lm_head is not None:
+            logits = self.logits_processor(self.lm_head, hidden_states)
+            if logits is None:
+                return None  # another rank samples
+        else:
+            embedding = attention_layers.token_embedding(self.backbone)
+            logits = embedding(hidden_states, reverse=True)
         cap = self._final_logit_cap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

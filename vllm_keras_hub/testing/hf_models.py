@@ -61,6 +61,17 @@ TINY_CONFIGS = {
             num_experts_per_tok=2,
         ),
     ),
+    "llama": (
+        "LlamaConfig",
+        "llama",
+        dict(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        ),
+    ),
     # Windows longer than the tests' prompts: KerasHub windows other layers
     # than Hugging Face does (see `layers/attention_routes.py`, `gpt_oss`).
     "gpt_oss": (
@@ -144,10 +155,9 @@ def keras_hub_preset(family, hf_folder, preset_folder, tokenizer=None):
     backbone = keras_hub.models.Backbone.from_preset(hf_folder)
     if tokenizer is None:
         tokenizer = make_tokenizer(TINY_CONFIGS[family][1])
-    causal_lm_class = keras_hub.models.CausalLM
-    for cls in causal_lm_class.__subclasses__():
-        if cls.backbone_cls is type(backbone):
-            causal_lm_class = cls
+    from vllm_keras_hub.sampling import causal_lm_class as causal_lm_class_of
+
+    causal_lm_class = causal_lm_class_of(hf_folder)
     preprocessor = causal_lm_class.preprocessor_cls(tokenizer=tokenizer)
     causal_lm = causal_lm_class(backbone=backbone, preprocessor=preprocessor)
     causal_lm.save_to_preset(preset_folder)

@@ -42,7 +42,8 @@ def rank_report(worker):
         vLLM parallel linear layer; `keras_kernels`, elements left in the
         Keras kernels those layers replaced; `heads`, `(query, kv)` heads
         of each vLLM `Attention`; `alibi_slopes` and `sinks` per layer;
-        `experts`, each `FusedMoE`'s intermediate size on this rank.
+        `experts`, each `FusedMoE`'s intermediate size on this rank;
+        `head`, the output head's vocabulary rows here and in all.
     """
     from vllm.distributed import get_tensor_model_parallel_rank
 
@@ -72,4 +73,5 @@ def rank_report(worker):
             runner.routed_experts.intermediate_size_per_partition
             for runner in model.moe
         ],
+        head=(model.lm_head.num_embeddings_per_partition, model.lm_head.org_vocab_size),
     )

@@ -10,7 +10,9 @@ from vllm_keras_hub import chat_templates
 from vllm_keras_hub import families
 
 RESULTS = {}
-COLUMNS = ("batched", "chunked", "compiled", "window", "soft_cap", "sinks", "moe")
+COLUMNS = (
+    "batched", "chunked", "compiled", "tp2", "window", "soft_cap", "sinks", "moe"
+)
 
 
 def record(preset_name, backbone, **values):
@@ -30,9 +32,9 @@ def render():
     """The matrix as Markdown: tested presets, then families without a route."""
     lines = [
         "| family | test preset | route | greedy parity, batched | greedy parity, "
-        "chunked prefill | greedy parity, compiled | sliding window | soft cap "
-        "| sinks | MoE | chat format |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "chunked prefill | greedy parity, compiled | greedy parity, 2 ranks "
+        "(tensor parallel) | sliding window | soft cap | sinks | MoE | chat format |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     tested = set()
     for name, result in sorted(RESULTS.items()):
@@ -42,13 +44,17 @@ def render():
         chat = "yes" if chat_templates.chat_format(family.name) else "none (400)"
         cells = [family.display_name, name, route]
         cells += [_mark(result.get(column)) for column in COLUMNS]
+        if not family.tensor_parallel:
+            cells[3 + COLUMNS.index("tp2")] = "refused"
         lines.append("| " + " | ".join(cells + [chat]) + " |")
     for family in families.FAMILIES:
         if family.route is None:
             lines.append(
                 f"| {family.display_name} | | refused: {family.unsupported_reason} "
-                "| | | | | | | | |"
+                "| | | | | | | | | |"
             )
         elif family.name not in tested:
-            lines.append(f"| {family.display_name} | | not tested in this run | | | | | | | | |")
+            lines.append(
+                f"| {family.display_name} | | not tested in this run | | | | | | | | | |"
+            )
     return "\n".join(lines) + "\n"
