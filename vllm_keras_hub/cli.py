@@ -76,7 +76,10 @@ def serve(model, vllm_argv):
     folder = ModelFolder(preset, max_model_len=args.max_model_len)
     try:
         check_parallelism(
-            folder.family, args.tensor_parallel_size, args.pipeline_parallel_size
+            folder.family,
+            args.tensor_parallel_size,
+            args.pipeline_parallel_size,
+            args.enable_expert_parallel,
         )
         args.model = args.model_tag = folder.path
         if args.load_format == "auto":

@@ -70,6 +70,11 @@ def test_bad_model_exits_before_the_engine_starts(model, cause):
         # GPT-2's fused attention projection is not mapped to vLLM's linears.
         ("gpt2", ("--tensor-parallel-size", "2"), "GPT-2 cannot be served with tensor"),
         ("llama3", ("--pipeline-parallel-size", "2"), "not split into pipeline stages"),
+        (
+            "qwen3_moe",
+            ("--tensor-parallel-size", "2", "--enable-expert-parallel"),
+            "Expert parallelism (enable_expert_parallel) is not supported",
+        ),
     ],
 )
 def test_unsupported_parallelism_exits_before_the_engine_starts(

@@ -73,13 +73,19 @@ class UnsupportedParallelismError(ValueError):
     """A parallel layout KerasHub models cannot be served in yet."""
 
 
-def check_parallelism(family, tensor_parallel_size, pipeline_parallel_size=None):
+def check_parallelism(
+    family,
+    tensor_parallel_size,
+    pipeline_parallel_size=None,
+    enable_expert_parallel=False,
+):
     """Raises unless `family` can be served at this parallelism.
 
     Args:
         family: The preset's `families.Family`.
         tensor_parallel_size: vLLM's `tensor_parallel_size`.
         pipeline_parallel_size: vLLM's `pipeline_parallel_size`.
+        enable_expert_parallel: vLLM's `enable_expert_parallel`.
 
     Raises:
         UnsupportedParallelismError: naming the family and what to use.
@@ -93,6 +99,14 @@ def check_parallelism(family, tensor_parallel_size, pipeline_parallel_size=None)
             "would build the whole model. Use tensor parallelism "
             "(--tensor-parallel-size) or data parallelism "
             "(--data-parallel-size)."
+        )
+    if enable_expert_parallel:
+        raise UnsupportedParallelismError(
+            "Expert parallelism (enable_expert_parallel) is not supported for "
+            "KerasHub models: vLLM 0.32's CPU fused-MoE experts take no expert "
+            "map, and its workers crashed when tried. Under tensor parallelism "
+            "the experts are already sharded by vLLM's FusedMoE; serve without "
+            "--enable-expert-parallel."
         )
     if tensor_parallel_size and tensor_parallel_size > 1 and not family.tensor_parallel:
         sharded = ", ".join(families.tensor_parallel_families())

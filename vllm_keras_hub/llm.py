@@ -75,6 +75,7 @@ class KerasHubLLM(vllm.LLM):
                     self.model_folder.family,
                     kwargs.get("tensor_parallel_size"),
                     kwargs.get("pipeline_parallel_size"),
+                    kwargs.get("enable_expert_parallel", False),
                 )
             except BaseException:
                 self.close()

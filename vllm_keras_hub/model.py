@@ -85,6 +85,7 @@ class KerasHubForCausalLM(nn.Module):
             self.family,
             parallel_config.tensor_parallel_size,
             parallel_config.pipeline_parallel_size,
+            parallel_config.enable_expert_parallel,
         )
         self.preset = hf_config.keras_hub_preset
         self.vllm_config = vllm_config
