@@ -108,12 +108,13 @@ def check_parallelism(
             "the experts are already sharded by vLLM's FusedMoE; serve without "
             "--enable-expert-parallel."
         )
-    if tensor_parallel_size and tensor_parallel_size > 1 and not family.tensor_parallel:
-        sharded = ", ".join(families.tensor_parallel_families())
+    sharded = tensor_parallel_size and tensor_parallel_size > 1
+    if sharded and not family.tensor_parallel:
+        mapped = ", ".join(families.tensor_parallel_families())
         raise UnsupportedParallelismError(
             f"{family.display_name} cannot be served with tensor parallelism "
             f"yet (tensor_parallel_size={tensor_parallel_size}): its layers are "
             f"not mapped to vLLM's parallel linear layers. Families that are: "
-            f"{sharded}. Serve it with tensor_parallel_size=1, or scale out "
+            f"{mapped}. Serve it with tensor_parallel_size=1, or scale out "
             "with --data-parallel-size."
         )
