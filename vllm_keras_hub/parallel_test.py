@@ -5,12 +5,15 @@ shared memory), one spawned worker per rank, each bound to one core with
 `VLLM_CPU_OMP_THREADS_BIND="0|1"` as the README tells CPU users on one NUMA
 node. Every case serves a mixed batch with chunked prefill and checks it
 against the preset's own `CausalLM.generate()`, then asks each rank what it
-holds.
+holds. The server cases run `vllm-keras-hub serve` with 2 ranks, and with
+2 vLLM nodes on loopback.
 
 All-reduce sums the ranks' partial outputs in another order than one matmul
 does, so logits differ in the last bits; the tiny presets' widened logits
 keep greedy tokens exact (checked, not assumed: no tolerance is applied).
 """
+
+import subprocess
 
 import openai
 import pytest
@@ -25,6 +28,7 @@ from vllm_keras_hub.testing.parallel import rank_report
 from vllm_keras_hub.testing.parallel import tensor_parallel_llm
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import build_tiny_preset
+from vllm_keras_hub.testing.server import end_process_group
 from vllm_keras_hub.testing.server import free_port
 from vllm_keras_hub.testing.server import running_server
 from vllm_keras_hub.testing.server import serve_command
@@ -155,3 +159,52 @@ def test_tensor_parallel_server_gives_the_offline_tokens(tmp_path):
             assert choice.prompt_token_ids == prompt_ids, prompt
             assert choice.token_ids == generated_ids, prompt
     support_matrix.record("qwen", TINY_FAMILIES["qwen"][1], tp2="pass (server)")
+
+
+def test_two_nodes_on_loopback_give_the_offline_tokens(tmp_path):
+    """TP=2 spanning two vLLM nodes (`--nnodes 2`), one rank each, on 127.0.0.1.
+
+    Node 1 runs headless (engine only); node 0 serves the API. The ranks
+    are in different nodes, so vLLM's shared-memory communicator stands
+    down and they all-reduce over gloo and TCP, as on two machines.
+    """
+    preset = build_tiny_preset("qwen", str(tmp_path / "preset"))
+    expected = keras_hub_greedy(preset, PROMPTS[:2], MAX_NEW_TOKENS)
+    model = f"keras_hub:{preset}"
+    port, master_port = free_port(), free_port()
+    common = (
+        "--tensor-parallel-size", "2", "--nnodes", "2",
+        "--master-addr", "127.0.0.1", "--master-port", str(master_port),
+        "--max-model-len", "256", "--dtype", "float32", "--enforce-eager",
+    )  # fmt: skip
+    with open(tmp_path / "node1.log", "w") as log:
+        node1 = subprocess.Popen(
+            serve_command(model, *common, "--node-rank", "1", "--headless"),
+            env=user_env(VLLM_CPU_OMP_THREADS_BIND="1"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        command = serve_command(model, *common, "--node-rank", "0", "--port", str(port))
+        env = user_env(VLLM_CPU_OMP_THREADS_BIND="0")
+        with running_server(command, port, env=env, model_name=model) as (base_url, _):
+            client = openai.OpenAI(
+                base_url=f"{base_url}/v1", api_key="unused", max_retries=0
+            )
+            for prompt, (prompt_ids, generated_ids) in zip(
+                PROMPTS[:2], expected, strict=True
+            ):
+                choice = client.completions.create(
+                    model=model,
+                    prompt=prompt,
+                    max_tokens=MAX_NEW_TOKENS,
+                    temperature=0,
+                    extra_body={"ignore_eos": True, "return_token_ids": True},
+                ).choices[0]
+                assert choice.prompt_token_ids == prompt_ids, prompt
+                assert choice.token_ids == generated_ids, prompt
+    finally:
+        end_process_group(node1)
+    log = (tmp_path / "node1.log").read_text()
+    assert "SHM communicator disabled" in log, log[-3000:]
