@@ -17,9 +17,9 @@ The KerasHub layers keep their own code: an `EinsumDense` over a kernel
 of `heads / ranks` heads gives `heads / ranks` heads out, and the layers'
 reshapes, norms, rotary embeddings and activations work per head. Only the
 head counts the attention routes pass on (`num_key_value_heads`) become the
-rank's. The token embedding and output head stay whole on every rank
-(replicated, not vocab-parallel), so a tied embedding keeps one tensor and
-the logits need no gather.
+rank's. The output head is vLLM's vocabulary-parallel `ParallelLMHead`
+(`vocab_parallel_head`); the input embedding stays whole on every rank, so
+a lookup needs no all-reduce.
 """
 
 import math
