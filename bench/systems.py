@@ -85,8 +85,11 @@ class PeakRss:
                 rss = proc.memory_info().rss
             except psutil.Error:
                 continue
+            # A worker renames itself (`VLLM::Worker` to `VLLM::Worker_TP0`)
+            # once it knows its rank: keyed by pid, named by its last title.
             if title.startswith("VLLM::Worker"):
-                self.workers[title] = max(self.workers.get(title, 0), rss)
+                _, peak = self.workers.get(proc.pid, ("", 0))
+                self.workers[proc.pid] = (title, max(peak, rss))
 
     def __enter__(self):
         self._thread.start()
@@ -379,6 +382,6 @@ def run_system(
     result["peak_rss_mb"] = rss.peak / 2**20
     if rss.workers:
         result["worker_peak_rss_mb"] = {
-            title: peak / 2**20 for title, peak in sorted(rss.workers.items())
+            title: peak / 2**20 for title, peak in sorted(rss.workers.values())
         }
     return result

@@ -126,7 +126,22 @@ def test_tensor_parallel_greedy_parity(family, tmp_path):
     assert any(spec.sinks for spec in specs) == (family == "gpt_oss")
 
 
-def test_tensor_parallel_server_gives_the_offline_tokens(tmp_path):
+def assert_served_greedy(base_url, model, prompts, expected):
+    """Each prompt's greedy completion from the server has the oracle's ids."""
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+    for prompt, (prompt_ids, generated_ids) in zip(prompts, expected, strict=True):
+        choice = client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=MAX_NEW_TOKENS,
+            temperature=0,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        ).choices[0]
+        assert choice.prompt_token_ids == prompt_ids, prompt
+        assert choice.token_ids == generated_ids, prompt
+
+
+def test_tensor_parallel_server_gives_generates_tokens(tmp_path):
     """`serve --tensor-parallel-size 2` through the official `openai` client.
 
     Qwen 2: its q/k/v biases are cut per rank.
@@ -146,22 +161,11 @@ def test_tensor_parallel_server_gives_the_offline_tokens(tmp_path):
     env = user_env(**BIND)
     support_matrix.record("qwen", TINY_FAMILIES["qwen"][1], tp2="FAIL")
     with running_server(command, port, env=env, model_name=model) as (base_url, _):
-        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-        for prompt, (prompt_ids, generated_ids) in zip(PROMPTS, expected, strict=True):
-            completion = client.completions.create(
-                model=model,
-                prompt=prompt,
-                max_tokens=MAX_NEW_TOKENS,
-                temperature=0,
-                extra_body={"ignore_eos": True, "return_token_ids": True},
-            )
-            choice = completion.choices[0]
-            assert choice.prompt_token_ids == prompt_ids, prompt
-            assert choice.token_ids == generated_ids, prompt
+        assert_served_greedy(base_url, model, PROMPTS, expected)
     support_matrix.record("qwen", TINY_FAMILIES["qwen"][1], tp2="pass (server)")
 
 
-def test_two_nodes_on_loopback_give_the_offline_tokens(tmp_path):
+def test_two_nodes_on_loopback_give_generates_tokens(tmp_path):
     """TP=2 spanning two vLLM nodes (`--nnodes 2`), one rank each, on 127.0.0.1.
 
     Node 1 runs headless (engine only); node 0 serves the API. The ranks
@@ -189,21 +193,7 @@ def test_two_nodes_on_loopback_give_the_offline_tokens(tmp_path):
         command = serve_command(model, *common, "--node-rank", "0", "--port", str(port))
         env = user_env(VLLM_CPU_OMP_THREADS_BIND="0")
         with running_server(command, port, env=env, model_name=model) as (base_url, _):
-            client = openai.OpenAI(
-                base_url=f"{base_url}/v1", api_key="unused", max_retries=0
-            )
-            for prompt, (prompt_ids, generated_ids) in zip(
-                PROMPTS[:2], expected, strict=True
-            ):
-                choice = client.completions.create(
-                    model=model,
-                    prompt=prompt,
-                    max_tokens=MAX_NEW_TOKENS,
-                    temperature=0,
-                    extra_body={"ignore_eos": True, "return_token_ids": True},
-                ).choices[0]
-                assert choice.prompt_token_ids == prompt_ids, prompt
-                assert choice.token_ids == generated_ids, prompt
+            assert_served_greedy(base_url, model, PROMPTS[:2], expected)
     finally:
         end_process_group(node1)
     log = (tmp_path / "node1.log").read_text()
