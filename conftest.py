@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 # Before anything imports keras: the served layers run on torch.
 os.environ.setdefault("KERAS_BACKEND", "torch")
 # The suite's own cache roots, not the user's ~/.cache/vllm and
@@ -15,11 +17,25 @@ os.environ["VLLM_KERAS_HUB_CACHE"] = os.path.join(_CACHE_ROOT, "vllm-keras-hub")
 
 
 def pytest_sessionfinish(session):
-    """Writes the support matrix the parity tests filled in, if they ran."""
+    """Writes the support matrix the parity tests filled in, if they ran.
+
+    Under pytest-xdist (scripts/test), a worker hands its rows to the
+    controller instead, which merges them in `pytest_testnodedown`.
+    """
+    from vllm_keras_hub.testing import reports
     from vllm_keras_hub.testing import support_matrix
 
-    from vllm_keras_hub.testing import reports
-
-    if support_matrix.RESULTS:
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["support_matrix"] = support_matrix.RESULTS
+    elif support_matrix.RESULTS:
         with open(reports.path("support_matrix.md"), "w") as f:
             f.write(support_matrix.render())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    from vllm_keras_hub.testing import support_matrix
+
+    rows = getattr(node, "workeroutput", {}).get("support_matrix", {})
+    for name, values in rows.items():
+        support_matrix.RESULTS.setdefault(name, {}).update(values)
