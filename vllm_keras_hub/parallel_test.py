@@ -15,7 +15,6 @@ keep greedy tokens exact (checked, not assumed: no tolerance is applied).
 
 import subprocess
 
-import openai
 import pytest
 
 from vllm_keras_hub.model_test import CHUNK
@@ -29,6 +28,7 @@ from vllm_keras_hub.testing.parallel import tensor_parallel_llm
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import build_tiny_preset
 from vllm_keras_hub.testing.server import end_process_group
+from vllm_keras_hub.testing.server import assert_served_greedy
 from vllm_keras_hub.testing.server import free_port
 from vllm_keras_hub.testing.server import running_server
 from vllm_keras_hub.testing.server import serve_command
@@ -126,21 +126,6 @@ def test_tensor_parallel_greedy_parity(family, tmp_path):
     assert any(spec.sinks for spec in specs) == (family == "gpt_oss")
 
 
-def assert_served_greedy(base_url, model, prompts, expected):
-    """Each prompt's greedy completion from the server has the oracle's ids."""
-    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-    for prompt, (prompt_ids, generated_ids) in zip(prompts, expected, strict=True):
-        choice = client.completions.create(
-            model=model,
-            prompt=prompt,
-            max_tokens=MAX_NEW_TOKENS,
-            temperature=0,
-            extra_body={"ignore_eos": True, "return_token_ids": True},
-        ).choices[0]
-        assert choice.prompt_token_ids == prompt_ids, prompt
-        assert choice.token_ids == generated_ids, prompt
-
-
 def test_tensor_parallel_server_gives_generates_tokens(tmp_path):
     """`serve --tensor-parallel-size 2` through the official `openai` client.
 
@@ -161,7 +146,7 @@ def test_tensor_parallel_server_gives_generates_tokens(tmp_path):
     env = user_env(**BIND)
     support_matrix.record("qwen", TINY_FAMILIES["qwen"][1], tp2="FAIL")
     with running_server(command, port, env=env, model_name=model) as (base_url, _):
-        assert_served_greedy(base_url, model, PROMPTS, expected)
+        assert_served_greedy(base_url, model, PROMPTS, expected, MAX_NEW_TOKENS)
     support_matrix.record("qwen", TINY_FAMILIES["qwen"][1], tp2="pass (server)")
 
 
@@ -193,7 +178,7 @@ def test_two_nodes_on_loopback_give_generates_tokens(tmp_path):
         command = serve_command(model, *common, "--node-rank", "0", "--port", str(port))
         env = user_env(VLLM_CPU_OMP_THREADS_BIND="0")
         with running_server(command, port, env=env, model_name=model) as (base_url, _):
-            assert_served_greedy(base_url, model, PROMPTS[:2], expected)
+            assert_served_greedy(base_url, model, PROMPTS[:2], expected, MAX_NEW_TOKENS)
     finally:
         end_process_group(node1)
     log = (tmp_path / "node1.log").read_text()

@@ -154,3 +154,28 @@ def console_script():
 def serve_command(*args):
     """`vllm-keras-hub serve ...`, the console script users run."""
     return [console_script(), "serve", *args]
+
+
+def assert_served_greedy(base_url, model, prompts, expected, max_tokens):
+    """Each prompt's greedy completion from the server has the oracle's ids.
+
+    Args:
+        base_url: The server's URL.
+        model: The served model name.
+        prompts: Prompt strings.
+        expected: `keras_hub_greedy(...)` for `prompts`.
+        max_tokens: The tokens each completion generates.
+    """
+    import openai
+
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+    for prompt, (prompt_ids, generated_ids) in zip(prompts, expected, strict=True):
+        choice = client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        ).choices[0]
+        assert choice.prompt_token_ids == prompt_ids, prompt
+        assert choice.token_ids == generated_ids, prompt
