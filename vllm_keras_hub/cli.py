@@ -51,8 +51,10 @@ def serve(model, vllm_argv):
     vLLM parses `vllm_argv` exactly as `vllm serve` does. Where they are not
     given, this sets `--load-format keras_hub`, the folder's tokenizer mode,
     `--host 127.0.0.1`, `--served-model-name MODEL`, on CPU a 2 GiB KV cache,
-    and for the default model `--dtype float32`. Like `vllm serve`, it runs
-    the model under torch.compile unless `--enforce-eager` is given.
+    and for the default model `--dtype float32`. `--lora-weights FILE` (ours,
+    not vLLM's) merges a KerasHub `.lora.h5` adapter into the kernels at
+    load. Like `vllm serve`, it runs the model under torch.compile unless
+    `--enforce-eager` is given.
 
     Args:
         model: `keras_hub:<preset>`, a local preset folder, or `None`.
@@ -64,14 +66,22 @@ def serve(model, vllm_argv):
     from vllm_keras_hub.config import LOAD_FORMAT
     from vllm_keras_hub.config import check_parallelism
     from vllm_keras_hub.llm import default_kv_cache_bytes
+    from vllm_keras_hub.lora import adapter_loader_config
     from vllm_keras_hub.plugin import register
     from vllm_keras_hub.preset_folder import ModelFolder
 
     preset, served_name = _preset_of(model)
+    ours = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    ours.add_argument("--lora-weights")
+    own_args, vllm_argv = ours.parse_known_args(vllm_argv)
     register()
     cli_env_setup()
     parser, command = _serve_parser()
     args = parser.parse_args(["serve", "placeholder", *vllm_argv])
+    if own_args.lora_weights is not None:
+        args.model_loader_extra_config = adapter_loader_config(
+            own_args.lora_weights, args.model_loader_extra_config
+        )
     given = {arg.split("=", 1)[0] for arg in vllm_argv}
     folder = ModelFolder(preset, max_model_len=args.max_model_len)
     try:
@@ -140,8 +150,9 @@ def main(argv=None):
         "serve",
         help="serve MODEL over vLLM's OpenAI-compatible API",
         description="MODEL is keras_hub:<preset> or a local preset folder "
-        "(default: SmolLM2-135M-Instruct). Every other flag is a `vllm serve` "
-        "flag (--port, --max-model-len, --api-key, --chat-template, ...).",
+        "(default: SmolLM2-135M-Instruct). --lora-weights FILE merges a KerasHub "
+        "LoRA adapter (.lora.h5) into its kernels at load. Every other flag is a "
+        "`vllm serve` flag (--port, --max-model-len, --api-key, --chat-template, ...).",
     )
     serve_parser.add_argument("model", nargs="?")
     export_parser = commands.add_parser(
@@ -163,6 +174,7 @@ def main(argv=None):
 
     from vllm_keras_hub.config import UnsupportedParallelismError
     from vllm_keras_hub.families import UnsupportedFamilyError
+    from vllm_keras_hub.lora import LoraAdapterError
     from vllm_keras_hub.preset_folder import PresetError
 
     try:
@@ -174,6 +186,7 @@ def main(argv=None):
         PresetError,
         UnsupportedFamilyError,
         UnsupportedParallelismError,
+        LoraAdapterError,
         FileExistsError,
     ) as e:
         print(f"vllm-keras-hub: error: {e}", file=sys.stderr)

@@ -13,6 +13,7 @@ backend.default_to_torch()
 
 from vllm_keras_hub.config import LOAD_FORMAT  # noqa: E402
 from vllm_keras_hub.config import check_parallelism  # noqa: E402
+from vllm_keras_hub.lora import adapter_loader_config  # noqa: E402
 from vllm_keras_hub.plugin import register  # noqa: E402
 from vllm_keras_hub.preset_folder import ModelFolder  # noqa: E402
 from vllm_keras_hub.preset_folder import strip_prefix  # noqa: E402
@@ -58,13 +59,25 @@ class KerasHubLLM(vllm.LLM):
 
     Args:
         model: `"keras_hub:<preset>"`, or any model `vllm.LLM` takes.
+        lora_weights: A KerasHub LoRA adapter of the preset (the
+            `.lora.h5` file of `backbone.save_lora_weights`), merged into
+            its kernels at load.
         **kwargs: `vllm.LLM` arguments (`max_model_len`, `dtype`,
             `max_num_batched_tokens`, ...).
     """
 
-    def __init__(self, model, **kwargs):
+    def __init__(self, model, lora_weights=None, **kwargs):
         self.model_folder = None
         preset = strip_prefix(model)
+        if lora_weights is not None:
+            if preset is None:
+                raise ValueError(
+                    f"lora_weights merges a KerasHub adapter into a 'keras_hub:<preset>' "
+                    f"model, not into {model!r}."
+                )
+            kwargs["model_loader_extra_config"] = adapter_loader_config(
+                lora_weights, kwargs.get("model_loader_extra_config")
+            )
         if preset is not None:
             register()
             self.model_folder = ModelFolder(

@@ -8,6 +8,7 @@ from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
 from vllm_keras_hub.config import LOAD_FORMAT
+from vllm_keras_hub.lora import LORA_WEIGHTS_KEY
 
 
 def backbone_dtype(preset, dtype):
@@ -50,7 +51,21 @@ def task_final_logit_cap(preset):
 
 @register_model_loader(LOAD_FORMAT)
 class KerasHubModelLoader(BaseModelLoader):
-    """Loads a `KerasHubForCausalLM` with `Backbone.from_preset`."""
+    """Loads a `KerasHubForCausalLM` with `Backbone.from_preset`.
+
+    `model_loader_extra_config` may name a KerasHub LoRA adapter,
+    `{"lora_weights": "x.lora.h5"}`, to merge into the kernels at load.
+    """
+
+    def __init__(self, load_config):
+        super().__init__(load_config)
+        extra_config = load_config.model_loader_extra_config
+        if not isinstance(extra_config, dict) or set(extra_config) - {LORA_WEIGHTS_KEY}:
+            raise ValueError(
+                f"load_format='{LOAD_FORMAT}' takes model_loader_extra_config "
+                f'{{"{LORA_WEIGHTS_KEY}": "<file>.lora.h5"}} only, got {extra_config!r}.'
+            )
+        self.lora_weights = extra_config.get(LORA_WEIGHTS_KEY)
 
     def download_model(self, model_config):
         """Fetches the preset files into KerasHub's cache ahead of loading."""
@@ -66,4 +81,4 @@ class KerasHubModelLoader(BaseModelLoader):
                 f"load_format='{LOAD_FORMAT}' serves KerasHub presets only, "
                 f"not {type(model).__name__}."
             )
-        model.load_preset()
+        model.load_preset(lora_weights=self.lora_weights)

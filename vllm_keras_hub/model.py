@@ -31,6 +31,7 @@ from vllm.logger import init_logger
 from vllm.platforms import current_platform
 
 from vllm_keras_hub import families
+from vllm_keras_hub import lora
 from vllm_keras_hub import probe
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
@@ -110,10 +111,11 @@ class KerasHubForCausalLM(nn.Module):
     def _name(self):
         return f"{self.family.display_name} ({self.preset})"
 
-    def load_preset(self):
+    def load_preset(self, lora_weights=None):
         """Loads the backbone and its weights from the preset, once.
 
-        Built in vLLM's resolved dtype. A one-token probe through the
+        Built in vLLM's resolved dtype, with the LoRA adapter `lora_weights`
+        (a KerasHub `.lora.h5` file), if given, merged into its kernels. A one-token probe through the
         backbone then asks every attention layer for its heads, scale,
         sliding window and soft cap, and checks that each transformer layer
         and each MoE block routes; a family that does not fails here, at
@@ -126,6 +128,12 @@ class KerasHubForCausalLM(nn.Module):
         backbone = keras_hub.models.Backbone.from_preset(
             self.preset, dtype=backbone_dtype(self.preset, dtype)
         )
+        if lora_weights is not None:
+            rank = lora.load_adapter(backbone, lora_weights)
+            logger.info(
+                "LoRA adapter %s (rank %d): %d layers merged into their kernels",
+                lora_weights, rank, lora.merge_lora(backbone),
+            )  # fmt: skip
         attention_layers.install(backbone, self.family)
         moe_blocks = moe_routes.install(backbone)
         use_direct_calls(backbone)

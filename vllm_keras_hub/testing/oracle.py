@@ -31,7 +31,7 @@ def _pack(preset, prompts, sequence_length):
     return {"token_ids": token_ids, "padding_mask": padding_mask}
 
 
-def keras_hub_greedy(preset, prompts, max_new_tokens, dtype="float32"):
+def keras_hub_greedy(preset, prompts, max_new_tokens, dtype="float32", lora_weights=None):
     """Greedy tokens of `CausalLM.generate()` on `prompts`, as token ids.
 
     The preset's own preprocessor packs the prompts; `generate()`'s decode
@@ -43,6 +43,8 @@ def keras_hub_greedy(preset, prompts, max_new_tokens, dtype="float32"):
         prompts: Prompt strings.
         max_new_tokens: Tokens to generate per prompt.
         dtype: The model's dtype.
+        lora_weights: A `.lora.h5` adapter to load with KerasHub's own
+            `backbone.load_lora_weights` (unmerged: its LoRA forward).
 
     Returns:
         A list of `(prompt_ids, generated_ids)` pairs of int lists.
@@ -53,6 +55,8 @@ def keras_hub_greedy(preset, prompts, max_new_tokens, dtype="float32"):
     causal_lm = causal_lm_class(preset).from_preset(
         preset, dtype=dtype, preprocessor=None
     )
+    if lora_weights is not None:
+        causal_lm.backbone.load_lora_weights(lora_weights)
     causal_lm.compile(sampler="greedy")
     # The function `generate()` runs on each packed batch. Calling it directly
     # skips only generate()'s output normalisation, which fails for Gemma3
