@@ -44,7 +44,7 @@ FAMILIES = (
     Family("opt", "OPT", "OPTBackbone"),
     Family("llama", "Llama", "LlamaBackbone", tensor_parallel=True),
     Family("llama3", "Llama3", "Llama3Backbone", tensor_parallel=True),
-    Family("mistral", "Mistral", "MistralBackbone"),
+    Family("mistral", "Mistral", "MistralBackbone", tensor_parallel=True),
     # Our route, not keras-hub's: keras-hub's passes a sliding window that
     # Qwen's `generate()` never applies on torch (see layers/attention_routes.py, `qwen`).
     Family(
@@ -52,13 +52,15 @@ FAMILIES = (
     ),
     # Our route, not keras-hub's: keras-hub's passes a sliding window that
     # Qwen3's `generate()` never applies on torch (see layers/attention_routes.py, `qwen3`).
-    Family("qwen3", "Qwen3", "Qwen3Backbone", "vllm_keras_hub"),
+    Family("qwen3", "Qwen3", "Qwen3Backbone", "vllm_keras_hub", tensor_parallel=True),
     Family("gemma", "Gemma / Gemma2", "GemmaBackbone", tensor_parallel=True),
     Family(
         "gemma3", "Gemma3 (text)", "Gemma3Backbone", stop_tokens=("<end_of_turn>",)
     ),
-    Family("mixtral", "Mixtral", "MixtralBackbone", "vllm_keras_hub"),
-    Family("qwen_moe", "Qwen1.5-MoE", "QwenMoeBackbone", "vllm_keras_hub"),
+    Family("mixtral", "Mixtral", "MixtralBackbone", "vllm_keras_hub", tensor_parallel=True),
+    Family(
+        "qwen_moe", "Qwen1.5-MoE", "QwenMoeBackbone", "vllm_keras_hub", tensor_parallel=True
+    ),
     Family(
         "qwen3_moe",
         "Qwen3-MoE",
@@ -67,12 +69,14 @@ FAMILIES = (
         tensor_parallel=True,
     ),
     Family("smollm3", "SmolLM3", "SmolLM3Backbone", "vllm_keras_hub"),
-    Family("phi3", "Phi-3", "Phi3Backbone", "vllm_keras_hub", ("<|end|>",)),
+    Family(
+        "phi3", "Phi-3", "Phi3Backbone", "vllm_keras_hub", ("<|end|>",), tensor_parallel=True
+    ),
     # Served as the model's forward computes it; KerasHub's own cached
     # decode rotates the query at position 0 (see layers/attention_routes.py, `gpt_neox`).
     Family("gpt_neox", "GPT-NeoX", "GPTNeoXBackbone", "vllm_keras_hub"),
     Family("bloom", "Bloom", "BloomBackbone", "vllm_keras_hub", tensor_parallel=True),
-    Family("falcon", "Falcon", "FalconBackbone", "vllm_keras_hub"),
+    Family("falcon", "Falcon", "FalconBackbone", "vllm_keras_hub", tensor_parallel=True),
     Family(
         "gpt_oss", "GPT-OSS", "GptOssBackbone", "vllm_keras_hub", tensor_parallel=True
     ),

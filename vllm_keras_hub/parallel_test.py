@@ -45,6 +45,12 @@ CASES = {
     "bloom": "ALiBi slopes cut per rank, a row-parallel bias added once",
     "gpt_oss": "attention sinks cut per rank, experts on vLLM's FusedMoE",
     "qwen3_moe": "q/k norms, experts on vLLM's FusedMoE",
+    "mistral": "a sliding window",
+    "qwen3": "per-head q/k norms",
+    "phi3": "Phi-3's attention and MLP",
+    "falcon": "ALiBi slopes cut per rank, in Falcon's attention",
+    "mixtral": "Mixtral's experts on vLLM's FusedMoE",
+    "qwen_moe": "a shared expert kept whole on every rank",
 }
 
 
@@ -122,7 +128,7 @@ def test_tensor_parallel_greedy_parity(family, tmp_path):
                 continue
             assert cut[0] != cut[1]
             assert cut[0] + cut[1] == pytest.approx(whole)
-    assert any(spec.alibi_slopes for spec in specs) == (family == "bloom")
+    assert any(spec.alibi_slopes for spec in specs) == (family in ("bloom", "falcon"))
     assert any(spec.sinks for spec in specs) == (family == "gpt_oss")
 
 

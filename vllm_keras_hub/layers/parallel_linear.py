@@ -239,8 +239,11 @@ def shard(transformer_layers, rank, ranks, prefix):
             _shard_column(value, kv_rank, kv_shards, f"{name}v", "KV heads")
         )
         made.append(_shard_row(output, rank, ranks, f"{name}o"))
-        if hasattr(attention, "num_key_value_heads"):
-            attention.num_key_value_heads = kv_heads // kv_shards
+        # The KV head count the layer hands to vLLM's attention (Mistral
+        # keeps it private).
+        for count in ("num_key_value_heads", "_num_key_value_heads"):
+            if hasattr(attention, count):
+                setattr(attention, count, kv_heads // kv_shards)
         _cut_per_head(attention, rank, ranks)
         if _has_moe(block):
             # vLLM's `FusedMoE` shards the experts and all-reduces their sum;
