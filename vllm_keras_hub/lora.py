@@ -64,7 +64,8 @@ def read_adapter(path):
                 if key == "vars":
                     continue
                 group = store[key].get("vars")
-                if not key.isdigit() or group is None or set(group) != {"lora_kernel_a", "lora_kernel_b"}:
+                factors = None if group is None else set(group)
+                if not key.isdigit() or factors != {"lora_kernel_a", "lora_kernel_b"}:
                     raise LoraAdapterError(f"{not_an_adapter}: unexpected entry 'lora/{key}'.")
                 layers[int(key)] = (group["lora_kernel_a"][()], group["lora_kernel_b"][()])
     except OSError as error:
@@ -107,7 +108,8 @@ def load_adapter(backbone, path):
     planned = []
     for index, (a, b) in sorted(layers.items()):
         layer = weighted[index] if index < len(weighted) else None
-        if layer is None or not hasattr(layer, "enable_lora") or getattr(layer, "lora_enabled", False):
+        capable = hasattr(layer, "enable_lora") and not getattr(layer, "lora_enabled", True)
+        if not capable:
             raise LoraAdapterError(
                 f"LoRA adapter '{path}' was not saved from this base model: its "
                 f"layer {index} is not a LoRA-capable layer of "

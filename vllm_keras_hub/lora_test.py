@@ -87,7 +87,8 @@ def test_merged_kernels_compute_keras_hubs_lora_forward_bit_for_bit(tuned, targe
         trained = keras_hub.models.Backbone.from_preset(base)
         trained.enable_lora(2, target_layer_names=targets)
         for layer in lora_layers(trained):
-            layer.lora_kernel_b.assign(np.random.default_rng(0).normal(size=layer.lora_kernel_b.shape))
+            shape = layer.lora_kernel_b.shape
+            layer.lora_kernel_b.assign(np.random.default_rng(0).normal(size=shape))
         adapter = str(tmp_path / "custom.lora.h5")
         trained.save_lora_weights(adapter)
     keras_lora = keras_hub.models.Backbone.from_preset(base)

@@ -115,8 +115,8 @@ class KerasHubForCausalLM(nn.Module):
         """Loads the backbone and its weights from the preset, once.
 
         Built in vLLM's resolved dtype, with the LoRA adapter `lora_weights`
-        (a KerasHub `.lora.h5` file), if given, merged into its kernels. A one-token probe through the
-        backbone then asks every attention layer for its heads, scale,
+        (a KerasHub `.lora.h5` file), if given, merged into its kernels. A
+        one-token probe through the backbone then asks every attention layer for its heads, scale,
         sliding window and soft cap, and checks that each transformer layer
         and each MoE block routes; a family that does not fails here, at
         start-up.
