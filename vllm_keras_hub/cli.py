@@ -45,6 +45,23 @@ def _serve_parser():
     return parser, command
 
 
+def _convert_lora_modules(preset, args):
+    """Points each `--lora-modules` KerasHub `.lora.h5` file at its vLLM
+    folder, converting it before the engine starts (`lora_adapters.py`)."""
+    import dataclasses
+
+    from vllm_keras_hub import lora_adapters
+
+    if args.enable_lora:
+        lora_adapters.check_lora_serving(args.tensor_parallel_size)
+    for index, module in enumerate(args.lora_modules or ()):
+        if lora_adapters.is_keras_hub_adapter(module.path):
+            folder = lora_adapters.peft_folder(
+                preset, os.path.abspath(module.path), args.max_lora_rank
+            )
+            args.lora_modules[index] = dataclasses.replace(module, path=folder)
+
+
 def serve(model, vllm_argv):
     """Serves MODEL with vLLM's OpenAI-compatible server, in this process.
 
@@ -53,7 +70,8 @@ def serve(model, vllm_argv):
     `--host 127.0.0.1`, `--served-model-name MODEL`, on CPU a 2 GiB KV cache,
     and for the default model `--dtype float32`. `--lora-weights FILE` (ours,
     not vLLM's) merges a KerasHub `.lora.h5` adapter into the kernels at
-    load. Like `vllm serve`, it runs the model under torch.compile unless
+    load. With `--enable-lora`, `--lora-modules NAME=FILE.lora.h5` serves
+    KerasHub adapters per request (the OpenAI `model` field picks one). Like `vllm serve`, it runs the model under torch.compile unless
     `--enforce-eager` is given.
 
     Args:
@@ -82,6 +100,7 @@ def serve(model, vllm_argv):
         args.model_loader_extra_config = adapter_loader_config(
             own_args.lora_weights, args.model_loader_extra_config
         )
+    _convert_lora_modules(preset, args)
     given = {arg.split("=", 1)[0] for arg in vllm_argv}
     folder = ModelFolder(preset, max_model_len=args.max_model_len)
     try:
@@ -175,6 +194,7 @@ def main(argv=None):
     from vllm_keras_hub.config import UnsupportedParallelismError
     from vllm_keras_hub.families import UnsupportedFamilyError
     from vllm_keras_hub.lora import LoraAdapterError
+    from vllm_keras_hub.lora_adapters import UnsupportedLoraError
     from vllm_keras_hub.preset_folder import PresetError
 
     try:
@@ -187,6 +207,7 @@ def main(argv=None):
         UnsupportedFamilyError,
         UnsupportedParallelismError,
         LoraAdapterError,
+        UnsupportedLoraError,
         FileExistsError,
     ) as e:
         print(f"vllm-keras-hub: error: {e}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 import os
 
+import msgspec
 import vllm
 
 from vllm_keras_hub import backend
@@ -13,6 +14,7 @@ backend.default_to_torch()
 
 from vllm_keras_hub.config import LOAD_FORMAT  # noqa: E402
 from vllm_keras_hub.config import check_parallelism  # noqa: E402
+from vllm_keras_hub import lora_adapters  # noqa: E402
 from vllm_keras_hub.lora import adapter_loader_config  # noqa: E402
 from vllm_keras_hub.plugin import register  # noqa: E402
 from vllm_keras_hub.preset_folder import ModelFolder  # noqa: E402
@@ -62,13 +64,19 @@ class KerasHubLLM(vllm.LLM):
         lora_weights: A KerasHub LoRA adapter of the preset (the
             `.lora.h5` file of `backbone.save_lora_weights`), merged into
             its kernels at load.
+
+    With `enable_lora=True`, a `LoRARequest` may name a KerasHub `.lora.h5`
+    file as its `lora_path`, for adapters chosen per request; it is
+    converted to vLLM's form once (`lora_adapters.py`). A file that does not
+    fit the preset raises `LoraAdapterError` before anything is queued.
         **kwargs: `vllm.LLM` arguments (`max_model_len`, `dtype`,
             `max_num_batched_tokens`, ...).
     """
 
     def __init__(self, model, lora_weights=None, **kwargs):
         self.model_folder = None
-        preset = strip_prefix(model)
+        preset = self._preset = strip_prefix(model)
+        self._adapter_folders = {}
         if lora_weights is not None:
             if preset is None:
                 raise ValueError(
@@ -90,6 +98,10 @@ class KerasHubLLM(vllm.LLM):
                     kwargs.get("pipeline_parallel_size"),
                     kwargs.get("enable_expert_parallel", False),
                 )
+                if kwargs.get("enable_lora"):
+                    lora_adapters.check_lora_serving(
+                        kwargs.get("tensor_parallel_size")
+                    )
             except BaseException:
                 self.close()
                 raise
@@ -106,6 +118,32 @@ class KerasHubLLM(vllm.LLM):
         except BaseException:
             self.close()
             raise
+
+    def _add_request(self, prompt, params, lora_request=None, priority=0):
+        # vLLM's one funnel for every offline request (`generate`, `chat`).
+        return super()._add_request(
+            prompt, params, self._vllm_lora_request(lora_request), priority
+        )
+
+    def _vllm_lora_request(self, request):
+        """`request`, pointed at its vLLM folder if it names a KerasHub file."""
+        if (
+            request is None
+            or self._preset is None
+            or not lora_adapters.is_keras_hub_adapter(request.lora_path)
+        ):
+            return request
+        lora_config = self.llm_engine.vllm_config.lora_config
+        if lora_config is None:
+            return request  # vLLM refuses it: LoRA is not enabled.
+        path = os.path.abspath(request.lora_path)
+        stat = os.stat(path) if os.path.isfile(path) else None
+        key = (path, stat and (stat.st_mtime_ns, stat.st_size))
+        if key not in self._adapter_folders:
+            self._adapter_folders[key] = lora_adapters.peft_folder(
+                self._preset, path, lora_config.max_lora_rank
+            )
+        return msgspec.structs.replace(request, lora_path=self._adapter_folders[key])
 
     def close(self):
         """Shuts the engine down and removes the temporary model folder."""

@@ -88,6 +88,12 @@ def adapter_loader_config(path, extra_config=None):
     return {**(extra_config or {}), LORA_WEIGHTS_KEY: os.path.abspath(path)}
 
 
+def weighted_layers(backbone):
+    """The backbone's layers that have weights, in the order adapter files
+    index them (`Backbone.save_lora_weights`)."""
+    return [layer for layer in backbone._flatten_layers(include_self=False) if layer.weights]
+
+
 def load_adapter(backbone, path):
     """Enables LoRA on the adapter's layers of `backbone` and loads A and B.
 
@@ -104,7 +110,7 @@ def load_adapter(backbone, path):
         The adapter's rank.
     """
     rank, layers = read_adapter(path)
-    weighted = [layer for layer in backbone._flatten_layers(include_self=False) if layer.weights]
+    weighted = weighted_layers(backbone)
     planned = []
     for index, (a, b) in sorted(layers.items()):
         layer = weighted[index] if index < len(weighted) else None

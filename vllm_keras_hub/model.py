@@ -28,10 +28,12 @@ from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import set_current_vllm_config
 from vllm.logger import init_logger
+from vllm.model_executor.models.interfaces import SupportsLoRA
 from vllm.platforms import current_platform
 
 from vllm_keras_hub import families
 from vllm_keras_hub import lora
+from vllm_keras_hub import lora_adapters
 from vllm_keras_hub import probe
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
@@ -39,6 +41,7 @@ from vllm_keras_hub.compile.saved_compile import load_saved_compiles
 from vllm_keras_hub.config import LOAD_FORMAT
 from vllm_keras_hub.config import check_parallelism
 from vllm_keras_hub.layers import attention as attention_layers
+from vllm_keras_hub.layers import lora_linear
 from vllm_keras_hub.layers import moe
 from vllm_keras_hub.layers import moe_routes
 from vllm_keras_hub.layers import parallel_linear
@@ -54,12 +57,16 @@ logger = init_logger(__name__)
 
 # vLLM compiles `forward` (unless enforce_eager) with dynamic token counts.
 @support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": -1})
-class KerasHubForCausalLM(nn.Module):
+class KerasHubForCausalLM(nn.Module, SupportsLoRA):
     """A KerasHub `CausalLM` preset served by vLLM's model runner.
 
     Built empty by vLLM; the `keras_hub` load format then calls
     `load_preset()`, which loads the backbone and weights once with
     `from_preset` and creates the vLLM `Attention` and `FusedMoE` modules.
+
+    With `--enable-lora` it is a vLLM `SupportsLoRA` model: its LoRA-capable
+    matmuls run on vLLM linears (`layers/lora_linear.py`), which vLLM's LoRA
+    manager wraps, and adapters are converted by `lora_adapters.py`.
 
     Args:
         vllm_config: The engine's `VllmConfig`; `model_config.hf_config` is a
@@ -88,6 +95,9 @@ class KerasHubForCausalLM(nn.Module):
             parallel_config.pipeline_parallel_size,
             parallel_config.enable_expert_parallel,
         )
+        if vllm_config.lora_config is not None:
+            lora_adapters.check_lora_serving(parallel_config.tensor_parallel_size)
+        self.config = hf_config
         self.preset = hf_config.keras_hub_preset
         self.vllm_config = vllm_config
         # Before vLLM's first (compiled) call, which loads a saved compile.
@@ -103,6 +113,8 @@ class KerasHubForCausalLM(nn.Module):
         self.parallel_linears = nn.ModuleList()
         self.lm_head = None
         self.logits_processor = None
+        # vLLM linears under the LoRA-capable matmuls (with --enable-lora).
+        self.lora_layers = nn.ModuleDict()
         self._route_layers = []
         # Matmul layers moved to vLLM's prepacked CPU GEMM (`layers/linear.py`).
         self.cpu_gemm_layers = 0
@@ -142,6 +154,8 @@ class KerasHubForCausalLM(nn.Module):
         device = self.vllm_config.device_config.device
         with set_current_vllm_config(self.vllm_config), torch.device(device):
             self.parallel_linears = nn.ModuleList(self._shard(backbone))
+            if self.vllm_config.lora_config is not None:
+                self.lora_layers = self._lora_layers(backbone, moe_blocks)
         routes = probe.run(backbone)
         probe.check_attention_routes(routes, backbone, self._name)
         probe.check_moe_routes(routes, moe_blocks, self._name)
@@ -193,6 +207,28 @@ class KerasHubForCausalLM(nn.Module):
             ranks,
         )
         return linears
+
+    def _lora_layers(self, backbone, moe_blocks):
+        if moe_blocks:
+            raise lora_adapters.UnsupportedLoraError(
+                f"{self._name}: LoRA adapters per request (--enable-lora) are not "
+                "supported for MoE families yet: vLLM's LoRA manager would wrap "
+                "the experts' FusedMoE, which KerasHub adapters do not target. "
+                "Merge one adapter at load instead (--lora-weights)."
+            )
+        layers = lora_linear.build(backbone, f"{self.prefix}")
+        logger.info("%d KerasHub matmul layers can take LoRA adapters", len(layers))
+        return layers
+
+    @property
+    def lora_manager(self):
+        """vLLM's `LoRAModelManager` of this model, which vLLM sets."""
+        return self.__dict__.get("_lora_manager")
+
+    @lora_manager.setter
+    def lora_manager(self, manager):
+        lora_linear.keep_a_zero_slot(manager)
+        self.__dict__["_lora_manager"] = manager
 
     def _build_moe(self, blocks, dtype):
         """A vLLM `FusedMoE` per MoE block, holding the block's experts."""

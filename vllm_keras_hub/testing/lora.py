@@ -7,7 +7,9 @@ import keras_hub
 import numpy as np
 
 
-def fine_tune_lora(preset, directory, rank=2, steps=8, seed=0):
+def fine_tune_lora(
+    preset, directory, rank=2, steps=8, seed=0, target_layer_names=None
+):
     """Fine-tunes `preset` with `backbone.enable_lora(rank)` for a few steps.
 
     The steps fit random next-token targets with a large learning rate, so
@@ -21,6 +23,8 @@ def fine_tune_lora(preset, directory, rank=2, steps=8, seed=0):
         rank: The LoRA rank.
         steps: Optimizer steps, of 4 sequences of 16 tokens each.
         seed: Seeds the targets and Keras's initialisers.
+        target_layer_names: The layers to put LoRA on (default: KerasHub's
+            default, the attention's query and value).
 
     Returns:
         `(adapter, tuned_preset)`: the `save_lora_weights` file, and the
@@ -30,7 +34,7 @@ def fine_tune_lora(preset, directory, rank=2, steps=8, seed=0):
     keras.utils.set_random_seed(seed)
     causal_lm = keras_hub.models.CausalLM.from_preset(preset)
     preprocessor, causal_lm.preprocessor = causal_lm.preprocessor, None
-    causal_lm.backbone.enable_lora(rank)
+    causal_lm.backbone.enable_lora(rank, target_layer_names)
     vocabulary_size = causal_lm.backbone.vocabulary_size
     ids = np.random.default_rng(seed).integers(1, vocabulary_size, (4 * steps, 17))
     inputs = {

@@ -4,6 +4,7 @@ import keras
 import keras_hub
 import numpy as np
 
+from vllm_keras_hub import lora
 from vllm_keras_hub.sampling import causal_lm_class
 
 
@@ -31,7 +32,14 @@ def _pack(preset, prompts, sequence_length):
     return {"token_ids": token_ids, "padding_mask": padding_mask}
 
 
-def keras_hub_greedy(preset, prompts, max_new_tokens, dtype="float32", lora_weights=None):
+def keras_hub_greedy(
+    preset,
+    prompts,
+    max_new_tokens,
+    dtype="float32",
+    lora_weights=None,
+    lora_targets=None,
+):
     """Greedy tokens of `CausalLM.generate()` on `prompts`, as token ids.
 
     The preset's own preprocessor packs the prompts; `generate()`'s decode
@@ -45,6 +53,10 @@ def keras_hub_greedy(preset, prompts, max_new_tokens, dtype="float32", lora_weig
         dtype: The model's dtype.
         lora_weights: A `.lora.h5` adapter to load with KerasHub's own
             `backbone.load_lora_weights` (unmerged: its LoRA forward).
+        lora_targets: The `target_layer_names` the adapter was trained
+            with, if not KerasHub's default: `load_lora_weights` enables
+            LoRA on the default layers only, so the layers are enabled
+            first, as a KerasHub user must.
 
     Returns:
         A list of `(prompt_ids, generated_ids)` pairs of int lists.
@@ -55,6 +67,9 @@ def keras_hub_greedy(preset, prompts, max_new_tokens, dtype="float32", lora_weig
     causal_lm = causal_lm_class(preset).from_preset(
         preset, dtype=dtype, preprocessor=None
     )
+    if lora_targets is not None:
+        rank, _ = lora.read_adapter(lora_weights)
+        causal_lm.backbone.enable_lora(rank, lora_targets)
     if lora_weights is not None:
         causal_lm.backbone.load_lora_weights(lora_weights)
     causal_lm.compile(sampler="greedy")

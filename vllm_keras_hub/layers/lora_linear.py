@@ -1,0 +1,126 @@
+"""vLLM linear layers under KerasHub's matmuls, for vLLM's multi-LoRA.
+
+vLLM serves many LoRA adapters in one batch by wrapping its own linear
+layers: its `LoRAModelManager` replaces each `LinearBase` in the model's
+`named_modules()` with a `*WithLoRA` layer, which adds each token's adapter
+through the punica ops. Keras sublayers are not among those modules, so with
+`--enable-lora` every LoRA-capable KerasHub matmul (a Dense or plain-matmul
+EinsumDense layer) multiplies through a vLLM `ReplicatedLinear` holding its
+kernel, registered as `lora_layers.<i>`: `i` is the layer's position among
+the backbone's layers that have weights, the index KerasHub's `.lora.h5`
+files use (`lora_adapters.py` converts a file to vLLM's tensors under those
+names). The layer's bias, activation and output shape stay Keras's, and on
+the CPU the base matmul is vLLM's prepacked GEMM, as without LoRA.
+"""
+
+import functools
+import math
+
+import torch
+
+from vllm_keras_hub import lora
+from vllm_keras_hub.layers import linear
+
+MODULES = "lora_layers"
+
+
+def servable_plan(layer):
+    """`(variable, permutation, contracted_rank)` of a layer vLLM's LoRA can
+    wrap, or `None`: a built, unquantized Dense or plain-matmul EinsumDense
+    that KerasHub can put a LoRA on, computing in its kernel's dtype.
+    (An embedding's LoRA changes its lookup, which is not a matmul.)"""
+    from keras.layers import Dense
+    from keras.layers import EinsumDense
+
+    if not isinstance(layer, (Dense, EinsumDense)) or layer.lora_enabled:
+        return None
+    plan = linear.matmul_weight(layer)
+    if plan is None or getattr(layer, "quantization_mode", None) is not None:
+        return None
+    variable = plan[0]
+    if variable.dtype != layer.compute_dtype or variable.value.numel() == 0:
+        return None
+    return plan
+
+
+def _call(modules, key, x):
+    # Looked up per call: vLLM's LoRA manager replaces the module in place.
+    return modules[key](x)
+
+
+def build(backbone, prefix):
+    """Moves every LoRA-capable matmul of `backbone` onto a vLLM linear.
+
+    Call inside `set_current_vllm_config`, after any LoRA adapter merged at
+    load. Keras's copy of each kernel is freed.
+
+    Args:
+        backbone: A built KerasHub backbone.
+        prefix: Name prefix of the vLLM layers.
+
+    Returns:
+        A `torch.nn.ModuleDict` of the `ReplicatedLinear`s, keyed by each
+        layer's adapter-file index, to register as the model's
+        `lora_layers`.
+    """
+    from vllm.model_executor.layers.linear import ReplicatedLinear
+
+    modules = torch.nn.ModuleDict()
+    for index, layer in enumerate(lora.weighted_layers(backbone)):
+        plan = servable_plan(layer)
+        if plan is None:
+            continue
+        variable, permutation, contracted_rank = plan
+        kernel = variable.value.detach().permute(permutation)
+        in_size = math.prod(kernel.shape[:contracted_rank])
+        out_shape = tuple(kernel.shape[contracted_rank:])
+        key = str(index)
+        vllm_linear = ReplicatedLinear(
+            in_size,
+            math.prod(out_shape),
+            bias=False,
+            params_dtype=kernel.dtype,
+            prefix=f"{prefix}{MODULES}.{key}",
+            return_bias=False,
+        )
+        vllm_linear.weight.weight_loader(
+            vllm_linear.weight, kernel.reshape(in_size, -1).t()
+        )
+        vllm_linear.quant_method.process_weights_after_loading(vllm_linear)
+        modules[key] = vllm_linear
+        linear.use_packed_kernel(
+            layer,
+            functools.partial(_call, modules, key),
+            in_size,
+            contracted_rank,
+            out_shape,
+        )
+        variable.value.data = torch.empty(0, dtype=variable.value.dtype)
+        layer._packed_kernel.freed = True
+    return modules
+
+
+def keep_a_zero_slot(manager):
+    """Works around vLLM 0.32's CPU punica ops giving base rows an adapter.
+
+    vLLM marks a token without an adapter with slot index -1. Its GPU
+    kernels skip such tokens; its CPU ops (`lora/ops/torch_ops/lora_ops.py`)
+    index the stacked adapter weights with it, which selects the last slot,
+    so in a batch that mixes base and adapter requests the base rows got
+    the last slot's adapter. Each wrapped layer gets one more, always-zero
+    slot at the end, past the `max_loras` slots vLLM fills: -1 selects it,
+    and adds exactly zero.
+
+    Args:
+        manager: The `LoRAModelManager` vLLM made for the model.
+    """
+    for module in manager.modules.values():
+        for name in ("lora_a_stacked", "lora_b_stacked"):
+            stacked = getattr(module, name, None)
+            if stacked is None:
+                continue
+            setattr(
+                module,
+                name,
+                tuple(torch.cat([t, torch.zeros_like(t[:1])]) for t in stacked),
+            )
