@@ -2,14 +2,18 @@
 
     vllm-keras-hub serve [MODEL] [any `vllm serve` flag]
     vllm-keras-hub export MODEL DIR
+    vllm-keras-hub convert-lora MODEL ADAPTER.lora.h5
 
 `serve` runs vLLM's own OpenAI-compatible server (`vllm serve`) on a model
 folder written for MODEL: `keras_hub:<preset>` or a local preset folder; with
 none, the default model, SmolLM2-135M-Instruct. `export` writes that folder
 (no weights) so that plain `vllm serve DIR --load-format keras_hub` serves it.
+`convert-lora` prints the PEFT folder of a KerasHub adapter, which plain
+`vllm serve --lora-modules` takes.
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -71,8 +75,9 @@ def serve(model, vllm_argv):
     and for the default model `--dtype float32`. `--lora-weights FILE` (ours,
     not vLLM's) merges a KerasHub `.lora.h5` adapter into the kernels at
     load. With `--enable-lora`, `--lora-modules NAME=FILE.lora.h5` serves
-    KerasHub adapters per request (the OpenAI `model` field picks one). Like `vllm serve`, it runs the model under torch.compile unless
-    `--enforce-eager` is given.
+    KerasHub adapters per request (the OpenAI `model` field picks one). Like
+    `vllm serve`, it runs the model under torch.compile unless
+    `--enforce-eager` is given (vLLM turns it off on the CPU with LoRA).
 
     Args:
         model: `keras_hub:<preset>`, a local preset folder, or `None`.
@@ -153,6 +158,24 @@ def export(model, directory):
     print(f"  python -m vllm.entrypoints.openai.api_server --model {directory} {flags}")
 
 
+def convert_lora(model, adapter):
+    """Prints the vLLM (PEFT) folder of KerasHub adapter `adapter` for MODEL.
+
+    For plain `vllm serve --lora-modules` and vLLM's runtime
+    `/v1/load_lora_adapter`, which take PEFT folders only.
+    """
+    from vllm_keras_hub import lora_adapters
+
+    preset, _ = _preset_of(model)
+    largest = lora_adapters.VLLM_MAX_LORA_RANKS[-1]
+    folder = lora_adapters.peft_folder(preset, os.path.abspath(adapter), largest)
+    with open(os.path.join(folder, "adapter_config.json")) as f:
+        rank = json.load(f)["r"]
+    print(folder)
+    print(f"Serve it with --enable-lora --max-lora-rank {lora_adapters._needed_rank(rank)} "
+          f"(its largest rank as a standard LoRA is {rank}).", file=sys.stderr)  # fmt: skip
+
+
 def main(argv=None):
     """Entry point of the `vllm-keras-hub` command."""
     from vllm_keras_hub import backend
@@ -179,6 +202,12 @@ def main(argv=None):
     )
     export_parser.add_argument("model")
     export_parser.add_argument("directory")
+    convert_parser = commands.add_parser(
+        "convert-lora",
+        help="print the vLLM (PEFT) folder of a KerasHub .lora.h5 adapter of MODEL",
+    )
+    convert_parser.add_argument("model")
+    convert_parser.add_argument("adapter")
 
     # Everything after MODEL belongs to vLLM's own parser.
     if argv[:1] == ["serve"]:
@@ -200,6 +229,8 @@ def main(argv=None):
     try:
         if args.command == "serve":
             serve(args.model, args.rest)
+        elif args.command == "convert-lora":
+            convert_lora(args.model, args.adapter)
         else:
             export(args.model, args.directory)
     except (

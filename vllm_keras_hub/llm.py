@@ -12,9 +12,9 @@ from vllm_keras_hub import backend
 # every process, for every model.)
 backend.default_to_torch()
 
+from vllm_keras_hub import lora_adapters  # noqa: E402
 from vllm_keras_hub.config import LOAD_FORMAT  # noqa: E402
 from vllm_keras_hub.config import check_parallelism  # noqa: E402
-from vllm_keras_hub import lora_adapters  # noqa: E402
 from vllm_keras_hub.lora import adapter_loader_config  # noqa: E402
 from vllm_keras_hub.plugin import register  # noqa: E402
 from vllm_keras_hub.preset_folder import ModelFolder  # noqa: E402
@@ -59,16 +59,16 @@ class KerasHubLLM(vllm.LLM):
     folder's `generation_config.json`. Any other model string goes to
     `vllm.LLM` unchanged.
 
+    With `enable_lora=True`, a `LoRARequest` may name a KerasHub `.lora.h5`
+    file as its `lora_path`, for adapters chosen per request; it is
+    converted to vLLM's form once (`lora_adapters.py`). A file that does not
+    fit the preset raises `LoraAdapterError` before anything is queued.
+
     Args:
         model: `"keras_hub:<preset>"`, or any model `vllm.LLM` takes.
         lora_weights: A KerasHub LoRA adapter of the preset (the
             `.lora.h5` file of `backbone.save_lora_weights`), merged into
             its kernels at load.
-
-    With `enable_lora=True`, a `LoRARequest` may name a KerasHub `.lora.h5`
-    file as its `lora_path`, for adapters chosen per request; it is
-    converted to vLLM's form once (`lora_adapters.py`). A file that does not
-    fit the preset raises `LoraAdapterError` before anything is queued.
         **kwargs: `vllm.LLM` arguments (`max_model_len`, `dtype`,
             `max_num_batched_tokens`, ...).
     """

@@ -242,17 +242,23 @@ def peft_folder(preset, path, max_lora_rank, cache_root=None):
         LoraAdapterError: naming what does not fit (another base model, a
             rank above `max_lora_rank`, a file that is not an adapter).
     """
+    from keras_hub.src.utils.preset_utils import CONFIG_FILE
+    from keras_hub.src.utils.preset_utils import load_json
+
     lora.read_adapter(path)
-    digest = hashlib.sha256(f"{FORMAT_VERSION}\0{preset}\0".encode())
+    # The layer layout is the backbone config's; the folder is made again
+    # if either file changes.
+    backbone_config = json.dumps(load_json(preset, CONFIG_FILE), sort_keys=True)
+    digest = hashlib.sha256(f"{FORMAT_VERSION}\0{backbone_config}\0".encode())
     with open(path, "rb") as f:
         digest.update(f.read())
     root = cache_root or _cache_root()
     folder = os.path.join(root, digest.hexdigest()[:32])
     if os.path.isfile(os.path.join(folder, "adapter_model.safetensors")):
         with open(os.path.join(folder, "adapter_config.json")) as f:
-            top = json.load(f)["r"]
-        if top > max_lora_rank:
-            check_rank(Converted({}, {"the adapter": top}), path, max_lora_rank)
+            patterns = json.load(f)["rank_pattern"]
+        ranks = {re.sub(r"\\(.)", r"\1", k): rank for k, rank in patterns.items()}
+        check_rank(Converted({}, ranks), path, max_lora_rank)
         return folder
     converted = convert(_meta_backbone(preset), path)
     check_rank(converted, path, max_lora_rank)
@@ -269,4 +275,5 @@ def peft_folder(preset, path, max_lora_rank, cache_root=None):
 
 
 def is_keras_hub_adapter(path):
+    """Whether an adapter path names a KerasHub file, not a PEFT folder."""
     return isinstance(path, str) and path.endswith(lora.ADAPTER_SUFFIX)

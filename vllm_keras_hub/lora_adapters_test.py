@@ -8,7 +8,9 @@ by KerasHub's own `load_lora_weights` (its unmerged LoRA forward), or of
 the base model.
 """
 
+import json
 import math
+import os
 import re
 
 import keras_hub
@@ -192,14 +194,37 @@ def test_a_wrong_adapter_fails_before_queueing_and_the_engine_serves_on(
         assert list(output.outputs[0].token_ids) == generated_ids
 
 
-def test_serve_picks_the_adapter_by_the_openai_model_field(adapters):
+@pytest.fixture(scope="module")
+def converted_default(adapters):
+    """`vllm-keras-hub convert-lora` of the default-target adapter."""
+    base, files, _ = adapters
+    result = run_cli("convert-lora", f"keras_hub:{base}", files["default"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+def test_convert_lora_prints_the_peft_folder_plain_vllm_takes(converted_default):
+    folder = converted_default.stdout.strip().splitlines()[-1]
+    with open(os.path.join(folder, "adapter_config.json")) as f:
+        config = json.load(f)
+    # Query: 4 heads x rank 2; value: 2 KV heads x rank 2.
+    assert sorted(config["rank_pattern"].values()) == [4, 4, 8, 8]
+    assert config["r"] == config["lora_alpha"] == 8
+    assert config["alpha_pattern"] == config["rank_pattern"]
+    assert os.path.isfile(os.path.join(folder, "adapter_model.safetensors"))
+    assert "--max-lora-rank 8" in converted_default.stderr
+
+
+def test_serve_picks_the_adapter_by_the_openai_model_field(adapters, converted_default):
+    """One adapter as its `.lora.h5` file, one as its converted folder."""
     base, files, expected = adapters
+    default_folder = converted_default.stdout.strip().splitlines()[-1]
     port = free_port()
     model = f"keras_hub:{base}"
     command = serve_command(
         model,
         "--enable-lora",
-        "--lora-modules", f"default={files['default']}", f"gate={files['gate']}",
+        "--lora-modules", f"default={default_folder}", f"gate={files['gate']}",
         "--max-lora-rank", str(MAX_LORA_RANK),
         "--max-loras", "2",
         "--port", str(port),

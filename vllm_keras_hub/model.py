@@ -216,13 +216,17 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA):
                 "the experts' FusedMoE, which KerasHub adapters do not target. "
                 "Merge one adapter at load instead (--lora-weights)."
             )
-        layers = lora_linear.build(backbone, f"{self.prefix}")
+        layers = lora_linear.build(backbone, self.prefix)
         logger.info("%d KerasHub matmul layers can take LoRA adapters", len(layers))
         return layers
 
     @property
     def lora_manager(self):
-        """vLLM's `LoRAModelManager` of this model, which vLLM sets."""
+        """vLLM's `LoRAModelManager` of this model.
+
+        vLLM sets it once it has wrapped the LoRA layers, which is when
+        they get their zero slot (`lora_linear.keep_a_zero_slot`).
+        """
         return self.__dict__.get("_lora_manager")
 
     @lora_manager.setter
