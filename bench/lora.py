@@ -131,7 +131,10 @@ def main():
 
     backend.default_to_torch()
     size = dict(prompts=4, max_tokens=4) if args.quick else dict(prompts=16, max_tokens=16)
-    setup_path = os.path.join(RESULTS, ".lora-setup.json")
+    from vllm_keras_hub.smollm2 import default_cache_dir
+
+    root = os.path.join(default_cache_dir(), "bench", "lora-adapters")
+    setup_path = os.path.join(root, "setup.json")
     if args.worker:
         with open(setup_path) as f:
             setup = json.load(f)
@@ -140,15 +143,12 @@ def main():
         return
     from bench.models import _prepare_smollm2
     from bench.run import worker_env
-    from vllm_keras_hub.smollm2 import default_cache_dir
 
     env = worker_env(1)
     preset, hf_folder, _ = _prepare_smollm2(env)
-    root = os.path.join(default_cache_dir(), "bench", "lora-adapters")
     os.makedirs(root, exist_ok=True)
     adapters = make_adapters(preset, root)
     topics = [f"Tell me about topic number {i} in one sentence." for i in range(size["prompts"])]
-    os.makedirs(RESULTS, exist_ok=True)
     with open(setup_path, "w") as f:
         json.dump(dict(preset=preset, hf_folder=hf_folder, adapters=adapters,
                        prompts=topics, max_tokens=size["max_tokens"]), f)  # fmt: skip
@@ -163,7 +163,7 @@ def main():
             if out.returncode or not line:
                 sys.exit(f"{system} / {case} failed:\n{out.stderr[-3000:]}")
             results[(system, case)] = json.loads(line[0][len("RESULT ") :])
-            print(f"{case:24s} {system:10s} {results[(system, case)]['tok_s']:7.1f} tok/s")
+            print(f"{case:24s} {system:10s} {results[(system, case)]['tok_s']:7.1f} tok/s", flush=True)
     rows = []
     for case in CASES:
         ours, native = results[("keras_hub", case)], results[("native", case)]
@@ -177,6 +177,7 @@ def main():
     for r in rows:
         print(f"{r['case']:24s} {r['keras_hub_tok_s']:10.1f} {r['native_tok_s']:8.1f} "
               f"{r['ratio']:5.2f}x  {r['same_tokens_rows']}/{r['rows']}")  # fmt: skip
+    os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "lora.json"), "w") as f:
         json.dump(dict(size=size, rank=RANK, max_lora_rank=MAX_LORA_RANK, rows=rows,
                        date=time.strftime("%Y-%m-%d %H:%M")), f, indent=1)  # fmt: skip
