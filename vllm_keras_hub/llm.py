@@ -62,7 +62,8 @@ class KerasHubLLM(vllm.LLM):
     With `enable_lora=True`, a `LoRARequest` may name a KerasHub `.lora.h5`
     file as its `lora_path`, for adapters chosen per request; it is
     converted to vLLM's form once (`lora_adapters.py`). A file that does not
-    fit the preset raises `LoraAdapterError` before anything is queued.
+    fit the preset raises `LoraAdapterError` (vLLM aborts the rows of that
+    call it had queued).
 
     Args:
         model: `"keras_hub:<preset>"`, or any model `vllm.LLM` takes.

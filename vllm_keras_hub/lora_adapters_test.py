@@ -175,9 +175,10 @@ def wrong_adapters(adapters, tmp_path_factory):
     ]
 
 
-def test_a_wrong_adapter_fails_before_queueing_and_the_engine_serves_on(
+def test_a_wrong_adapter_fails_the_call_and_the_engine_serves_on(
     adapters, llm, wrong_adapters
 ):
+    """The call's base row, queued before the wrong one, is aborted."""
     for number, (path, cause) in enumerate(wrong_adapters, start=10):
         with pytest.raises(lora.LoraAdapterError, match=cause):
             llm.generate(

@@ -10,7 +10,8 @@ kernel, registered as `lora_layers.<i>`: `i` is the layer's position among
 the backbone's layers that have weights, the index KerasHub's `.lora.h5`
 files use (`lora_adapters.py` converts a file to vLLM's tensors under those
 names). The layer's bias, activation and output shape stay Keras's, and on
-the CPU the base matmul is vLLM's prepacked GEMM, as without LoRA.
+the CPU the base matmul is vLLM's (prepacked where its CPU GEMM packs the
+dtype; unpacked `F.linear` in bfloat16 on an AVX2-only CPU).
 """
 
 import functools
