@@ -94,6 +94,45 @@ def weighted_layers(backbone):
     return [layer for layer in backbone._flatten_layers(include_self=False) if layer.weights]
 
 
+def checked_layers(backbone, path):
+    """The layers of `backbone` adapter `path` names, each checked.
+
+    A layer is found by its position among the layers that have weights, as
+    KerasHub's `load_lora_weights` finds it, and must be a Dense or
+    EinsumDense whose kernel shape fits the file's rank-r A and B.
+
+    Returns:
+        `(rank, [(index, layer, a, b), ...])`.
+
+    Raises:
+        LoraAdapterError: naming the layer, for an adapter of another base.
+    """
+    rank, layers = read_adapter(path)
+    weighted = weighted_layers(backbone)
+    checked = []
+    for index, (a, b) in sorted(layers.items()):
+        layer = weighted[index] if index < len(weighted) else None
+        kernel = getattr(layer, "_kernel", None)
+        if kernel is None or not hasattr(layer, "enable_lora") or layer.lora_enabled:
+            raise LoraAdapterError(
+                f"LoRA adapter '{path}' was not saved from this base model: its "
+                f"layer {index} is not a LoRA-capable Dense or EinsumDense layer "
+                f"of {type(backbone).__name__} ({len(weighted)} layers with "
+                "weights)."
+            )
+        shape = tuple(kernel.shape)
+        expected = (shape[:-1] + (rank,), (rank, shape[-1]))
+        if (a.shape, b.shape) != expected:
+            raise LoraAdapterError(
+                f"LoRA adapter '{path}' was not saved from this base model: layer "
+                f"{index} ('{layer.name}', kernel {shape}) needs rank-{rank} "
+                f"A {expected[0]} and B {expected[1]}, the file has {a.shape} "
+                f"and {b.shape}."
+            )
+        checked.append((index, layer, a, b))
+    return rank, checked
+
+
 def load_adapter(backbone, path):
     """Enables LoRA on the adapter's layers of `backbone` and loads A and B.
 
@@ -109,29 +148,8 @@ def load_adapter(backbone, path):
     Returns:
         The adapter's rank.
     """
-    rank, layers = read_adapter(path)
-    weighted = weighted_layers(backbone)
-    planned = []
-    for index, (a, b) in sorted(layers.items()):
-        layer = weighted[index] if index < len(weighted) else None
-        capable = hasattr(layer, "enable_lora") and not getattr(layer, "lora_enabled", True)
-        if not capable:
-            raise LoraAdapterError(
-                f"LoRA adapter '{path}' was not saved from this base model: its "
-                f"layer {index} is not a LoRA-capable layer of "
-                f"{type(backbone).__name__} ({len(weighted)} layers with weights)."
-            )
-        kernel = tuple(layer.kernel.shape)
-        expected = (kernel[:-1] + (rank,), (rank, kernel[-1]))
-        if (a.shape, b.shape) != expected:
-            raise LoraAdapterError(
-                f"LoRA adapter '{path}' was not saved from this base model: layer "
-                f"{index} ('{layer.name}', kernel {kernel}) needs rank-{rank} "
-                f"A {expected[0]} and B {expected[1]}, the file has {a.shape} "
-                f"and {b.shape}."
-            )
-        planned.append((layer, a, b))
-    for layer, a, b in planned:
+    rank, planned = checked_layers(backbone, path)
+    for _, layer, a, b in planned:
         layer.enable_lora(rank)
         layer.lora_kernel_a.assign(np.asarray(a))
         layer.lora_kernel_b.assign(np.asarray(b))

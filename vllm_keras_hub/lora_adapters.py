@@ -142,32 +142,15 @@ def convert(backbone, path):
     """
     from vllm_keras_hub.layers import lora_linear
 
-    rank, layers = lora.read_adapter(path)
-    weighted = lora.weighted_layers(backbone)
+    rank, layers = lora.checked_layers(backbone, path)
     tensors, ranks = {}, {}
-    for index, (a, b) in sorted(layers.items()):
-        layer = weighted[index] if index < len(weighted) else None
-        if layer is None or not hasattr(layer, "enable_lora"):
-            raise LoraAdapterError(
-                f"LoRA adapter '{path}' was not saved from this base model: its "
-                f"layer {index} is not a LoRA-capable layer of "
-                f"{type(backbone).__name__} ({len(weighted)} layers with weights)."
-            )
+    for index, layer, a, b in layers:
         if lora_linear.servable_plan(layer) is None:
             raise LoraAdapterError(
                 f"LoRA adapter '{path}': its layer {index} ('{layer.name}', "
                 f"{type(layer).__name__}) is not a plain matmul, which is all "
                 "vLLM's LoRA layers serve. Merge it at load instead "
                 "(lora_weights= / --lora-weights)."
-            )
-        kernel = tuple(layer._kernel.shape)
-        expected = (kernel[:-1] + (rank,), (rank, kernel[-1]))
-        if (a.shape, b.shape) != expected:
-            raise LoraAdapterError(
-                f"LoRA adapter '{path}' was not saved from this base model: layer "
-                f"{index} ('{layer.name}', kernel {kernel}) needs rank-{rank} "
-                f"A {expected[0]} and B {expected[1]}, the file has {a.shape} "
-                f"and {b.shape}."
             )
         lora_a, lora_b = standard_lora(layer, rank, a, b)
         module = f"{lora_linear.MODULES}.{index}"
