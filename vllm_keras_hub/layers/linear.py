@@ -249,7 +249,10 @@ def _pack(matrix):
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
     linear = torch.nn.Module()
-    linear.weight = torch.nn.Parameter(matrix.t(), requires_grad=False)
+    # Contiguous `(out, in)`, as vLLM's own layers hold it: the dispatch's
+    # sgl-kernel path (small bfloat16 weights on AMX CPUs) packs only a
+    # contiguous weight ("weight must be contiguous").
+    linear.weight = torch.nn.Parameter(matrix.t().contiguous(), requires_grad=False)
     dispatch_cpu_unquantized_gemm(linear, remove_weight=True)
     if linear.weight.numel() != 0:
         return None
