@@ -57,7 +57,9 @@ def _convert_lora_modules(preset, args):
     from vllm_keras_hub import lora_adapters
 
     if args.enable_lora:
-        lora_adapters.check_lora_serving(args.tensor_parallel_size)
+        lora_adapters.check_lora_serving(
+            args.tensor_parallel_size, args.pipeline_parallel_size
+        )
     for index, module in enumerate(args.lora_modules or ()):
         if lora_adapters.is_keras_hub_adapter(module.path):
             folder = lora_adapters.peft_folder(

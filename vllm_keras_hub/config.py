@@ -73,6 +73,21 @@ class UnsupportedParallelismError(ValueError):
     """A parallel layout KerasHub models cannot be served in yet."""
 
 
+# Backbone class -> why it cannot be cut into pipeline stages
+# (`pipeline.py`): more than the hidden states crosses between its layers.
+PIPELINE_REFUSALS = {
+    "Gemma3nBackbone": (
+        "its layers pass a stack of AltUp hidden states and per-layer "
+        "inputs from layer to layer, not one hidden state"
+    ),
+    "Gemma4Backbone": (
+        "its KV-sharing layers read the keys and values of layers that "
+        "can be in another stage, and its per-layer inputs come from the "
+        "token embedding"
+    ),
+}
+
+
 def check_parallelism(
     family,
     tensor_parallel_size,
@@ -92,13 +107,14 @@ def check_parallelism(
     """
     from vllm_keras_hub import families
 
-    if pipeline_parallel_size and pipeline_parallel_size > 1:
+    staged = pipeline_parallel_size and pipeline_parallel_size > 1
+    reason = PIPELINE_REFUSALS.get(family.backbone) if staged else None
+    if reason is not None:
         raise UnsupportedParallelismError(
-            f"KerasHub models are not split into pipeline stages yet "
-            f"(pipeline_parallel_size={pipeline_parallel_size}): every stage "
-            "would build the whole model. Use tensor parallelism "
-            "(--tensor-parallel-size) or data parallelism "
-            "(--data-parallel-size)."
+            f"{family.display_name} cannot be served with pipeline parallelism "
+            f"(pipeline_parallel_size={pipeline_parallel_size}): {reason}. "
+            "Use tensor parallelism (--tensor-parallel-size) where it is "
+            "supported, or data parallelism (--data-parallel-size)."
         )
     if enable_expert_parallel:
         raise UnsupportedParallelismError(

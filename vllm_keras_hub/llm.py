@@ -101,7 +101,8 @@ class KerasHubLLM(vllm.LLM):
                 )
                 if kwargs.get("enable_lora"):
                     lora_adapters.check_lora_serving(
-                        kwargs.get("tensor_parallel_size")
+                        kwargs.get("tensor_parallel_size"),
+                        kwargs.get("pipeline_parallel_size"),
                     )
             except BaseException:
                 self.close()

@@ -109,11 +109,19 @@ def test_the_cpu_default_kv_cache_is_2_gib(gemma_preset):
     assert 0.9 * asked <= allocated <= asked
 
 
-def test_pipeline_parallelism_is_refused_before_an_engine_starts(gemma_preset):
+def test_unsupported_pipeline_parallelism_is_refused_before_an_engine_starts(
+    gemma_preset, tmp_path
+):
     from vllm_keras_hub.config import UnsupportedParallelismError
+    from vllm_keras_hub.lora_adapters import UnsupportedLoraError
 
-    with pytest.raises(UnsupportedParallelismError, match="every stage would build"):
-        KerasHubLLM(f"keras_hub:{gemma_preset}", pipeline_parallel_size=2)
+    gemma4 = build_tiny_preset("gemma4", str(tmp_path))
+    with pytest.raises(UnsupportedParallelismError, match="KV-sharing layers read"):
+        KerasHubLLM(f"keras_hub:{gemma4}", pipeline_parallel_size=2)
+    with pytest.raises(UnsupportedLoraError, match="pipeline_parallel_size=2"):
+        KerasHubLLM(
+            f"keras_hub:{gemma_preset}", pipeline_parallel_size=2, enable_lora=True
+        )
 
 
 TOP_K_SAMPLES = 8

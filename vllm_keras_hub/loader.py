@@ -51,7 +51,7 @@ def task_final_logit_cap(preset):
 
 @register_model_loader(LOAD_FORMAT)
 class KerasHubModelLoader(BaseModelLoader):
-    """Loads a `KerasHubForCausalLM` with `Backbone.from_preset`.
+    """Loads a `KerasHubForCausalLM`'s backbone and weights from its preset.
 
     `model_loader_extra_config` may name a KerasHub LoRA adapter,
     `{"lora_weights": "x.lora.h5"}`, to merge into the kernels at load.

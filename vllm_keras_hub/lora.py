@@ -133,7 +133,7 @@ def checked_layers(backbone, path):
     return rank, checked
 
 
-def load_adapter(backbone, path):
+def load_adapter(backbone, path, weights=None):
     """Enables LoRA on the adapter's layers of `backbone` and loads A and B.
 
     The layers are the ones the file names by position, as KerasHub's
@@ -142,14 +142,21 @@ def load_adapter(backbone, path):
     changed, so an adapter of another base model fails with the cause.
 
     Args:
-        backbone: A built KerasHub backbone, as `from_preset` returns it.
+        backbone: A built KerasHub backbone.
         path: A `.lora.h5` adapter file.
+        weights: The backbone's `PresetWeights`, if it is loading: the
+            adapter's layers are read from the preset first, and layers
+            this rank does not hold (another pipeline stage's) are skipped.
 
     Returns:
         The adapter's rank.
     """
     rank, planned = checked_layers(backbone, path)
     for _, layer, a, b in planned:
+        if weights is not None:
+            if weights.released(layer._kernel):
+                continue
+            weights.materialize(layer.variables)
         layer.enable_lora(rank)
         layer.lora_kernel_a.assign(np.asarray(a))
         layer.lora_kernel_b.assign(np.asarray(b))

@@ -45,16 +45,20 @@ class UnsupportedLoraError(ValueError):
     """LoRA adapters per request asked for where they cannot be served."""
 
 
-def check_lora_serving(tensor_parallel_size):
+def check_lora_serving(tensor_parallel_size, pipeline_parallel_size=1):
     """Raises unless adapters per request can be served at this size."""
-    if tensor_parallel_size and tensor_parallel_size > 1:
-        raise UnsupportedLoraError(
-            "LoRA adapters per request (--enable-lora) are not supported with "
-            f"tensor parallelism yet (tensor_parallel_size={tensor_parallel_size})"
-            ": the KerasHub matmuls are not yet handed to vLLM's LoRA layers "
-            "there. Serve them at tensor_parallel_size=1, or merge one adapter "
-            "at load (--lora-weights)."
-        )
+    for name, size in (
+        ("tensor", tensor_parallel_size),
+        ("pipeline", pipeline_parallel_size),
+    ):
+        if size and size > 1:
+            raise UnsupportedLoraError(
+                "LoRA adapters per request (--enable-lora) are not supported "
+                f"with {name} parallelism yet ({name}_parallel_size={size}): "
+                "the KerasHub matmuls are not yet handed to vLLM's LoRA layers "
+                f"there. Serve them at {name}_parallel_size=1, or merge one "
+                "adapter at load (--lora-weights)."
+            )
 
 
 def _meta_backbone(preset):

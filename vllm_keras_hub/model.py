@@ -29,11 +29,16 @@ from vllm.compilation.decorators import support_torch_compile
 from vllm.config import set_current_vllm_config
 from vllm.logger import init_logger
 from vllm.model_executor.models.interfaces import SupportsLoRA
+from vllm.model_executor.models.interfaces import SupportsPP
+from vllm.model_executor.models.utils import make_empty_intermediate_tensors_factory
 from vllm.platforms import current_platform
+from vllm.sequence import IntermediateTensors
 
 from vllm_keras_hub import families
 from vllm_keras_hub import lora
 from vllm_keras_hub import lora_adapters
+from vllm_keras_hub import pipeline
+from vllm_keras_hub import preset_weights
 from vllm_keras_hub import probe
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
@@ -50,19 +55,22 @@ from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
 from vllm_keras_hub.loader import backbone_dtype
 from vllm_keras_hub.loader import task_final_logit_cap
 from vllm_keras_hub.probe import RouteError
-from vllm_keras_hub.text_forward import packed_forward
 
 logger = init_logger(__name__)
 
 
 # vLLM compiles `forward` (unless enforce_eager) with dynamic token counts.
-@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": -1})
-class KerasHubForCausalLM(nn.Module, SupportsLoRA):
+@support_torch_compile(
+    dynamic_arg_dims={"input_ids": 0, "positions": -1, "intermediate_tensors": 0}
+)
+class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
     """A KerasHub `CausalLM` preset served by vLLM's model runner.
 
     Built empty by vLLM; the `keras_hub` load format then calls
-    `load_preset()`, which loads the backbone and weights once with
-    `from_preset` and creates the vLLM `Attention` and `FusedMoE` modules.
+    `load_preset()`, which builds the backbone, reads from the preset the
+    weights this rank serves, once, and creates the vLLM `Attention` and
+    `FusedMoE` modules. Under pipeline parallelism (`SupportsPP`) each rank
+    holds and runs its stage of the layers (`pipeline.py`).
 
     With `--enable-lora` it is a vLLM `SupportsLoRA` model: its LoRA-capable
     matmuls run on vLLM linears (`layers/lora_linear.py`), which vLLM's LoRA
@@ -96,7 +104,15 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA):
             parallel_config.enable_expert_parallel,
         )
         if vllm_config.lora_config is not None:
-            lora_adapters.check_lora_serving(parallel_config.tensor_parallel_size)
+            lora_adapters.check_lora_serving(
+                parallel_config.tensor_parallel_size,
+                parallel_config.pipeline_parallel_size,
+            )
+        if parallel_config.pipeline_parallel_size > 1 and current_platform.is_cpu():
+            pipeline.keep_intermediate_buffer_in_eager_mode()
+        self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
+            ["hidden_states"], hf_config.hidden_size
+        )
         self.config = hf_config
         self.preset = hf_config.keras_hub_preset
         self.vllm_config = vllm_config
@@ -104,6 +120,7 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA):
         load_saved_compiles(type(self))
         self.prefix = prefix
         self.backbone = None
+        self.stage = None
         self._final_logit_cap = None
         self.attention = nn.ModuleList()
         self.moe = nn.ModuleList()
@@ -124,45 +141,75 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA):
         return f"{self.family.display_name} ({self.preset})"
 
     def load_preset(self, lora_weights=None):
-        """Loads the backbone and its weights from the preset, once.
+        """Loads this rank's part of the backbone from the preset, once.
 
-        Built in vLLM's resolved dtype, with the LoRA adapter `lora_weights`
-        (a KerasHub `.lora.h5` file), if given, merged into its kernels. A
-        one-token probe through the backbone then asks every attention layer for its heads, scale,
-        sliding window and soft cap, and checks that each transformer layer
-        and each MoE block routes; a family that does not fails here, at
-        start-up.
+        The backbone is built with no weights (`preset_weights.py`); each
+        weight is then read from the preset only where this rank uses it:
+        its pipeline stage's layers (`pipeline.py`), and of those, under
+        tensor parallelism, only the shards vLLM's parallel linears and
+        fused experts keep. A LoRA adapter `lora_weights` (a KerasHub
+        `.lora.h5` file), if given, is merged into its layers' kernels
+        first. A one-token probe through the stage then asks every
+        attention layer for its heads, scale, sliding window and soft cap,
+        and checks that each transformer layer and each MoE block routes; a
+        family that does not fails here, at start-up.
         """
-        import keras_hub
-
         model_config = self.vllm_config.model_config
         dtype = str(model_config.dtype).removeprefix("torch.")
-        backbone = keras_hub.models.Backbone.from_preset(
-            self.preset, dtype=backbone_dtype(self.preset, dtype)
+        backbone = preset_weights.unloaded_backbone(
+            self.preset, backbone_dtype(self.preset, dtype)
         )
+        weights = preset_weights.PresetWeights(backbone, self.preset)
+        try:
+            self._load(backbone, weights, lora_weights)
+        finally:
+            weights.close()
+
+    def _load(self, backbone, weights, lora_weights):
+        from vllm.distributed import get_pp_group
+
+        model_config = self.vllm_config.model_config
+        pp = get_pp_group()
+        stage = pipeline.stage(backbone, pp.rank_in_group, pp.world_size)
+        weights.release(stage.unused_variables())
         if lora_weights is not None:
-            rank = lora.load_adapter(backbone, lora_weights)
+            rank = lora.load_adapter(backbone, lora_weights, weights)
             logger.info(
                 "LoRA adapter %s (rank %d): %d layers merged into their kernels",
                 lora_weights, rank, lora.merge_lora(backbone),
             )  # fmt: skip
         attention_layers.install(backbone, self.family)
-        moe_blocks = moe_routes.install(backbone)
+        moe_blocks = moe_routes.install(
+            backbone, stage.layers if stage.size > 1 else None
+        )
         use_direct_calls(backbone)
+        if stage.model is not None:
+            use_direct_calls(stage.model)
         use_rotary_tables(backbone, model_config.max_model_len)
         substitute_keras_helpers()
         device = self.vllm_config.device_config.device
         with set_current_vllm_config(self.vllm_config), torch.device(device):
-            self.parallel_linears = nn.ModuleList(self._shard(backbone))
-            if self.vllm_config.lora_config is not None:
+            linears, self.lm_head, self.logits_processor = parallel_linear.shard_stage(
+                stage, weights, self.prefix
+            )
+            self.parallel_linears = nn.ModuleList(linears)
+            self.moe = nn.ModuleList(
+                moe_routes.build_experts(
+                    moe_blocks, f"{self.prefix}moe.", model_config.dtype, weights
+                )
+            )
+        self.moe_blocks = moe_blocks
+        weights.finish()
+        if self.vllm_config.lora_config is not None:
+            with set_current_vllm_config(self.vllm_config), torch.device(device):
                 self.lora_layers = self._lora_layers(backbone, moe_blocks)
-        routes = probe.run(backbone)
-        probe.check_attention_routes(routes, backbone, self._name)
+        routes = probe.run(stage)
+        probe.check_attention_routes(routes, stage.layers, self._name)
         probe.check_moe_routes(routes, moe_blocks, self._name)
         probe.check_kv_sharing(routes.specs)
         if current_platform.is_cpu():
             self.cpu_gemm_layers = use_vllm_cpu_gemm(
-                backbone, lambda: probe.run(backbone)
+                backbone, lambda: probe.run(stage)
             )
             logger.info(
                 "%d KerasHub matmul layers run on vLLM's CPU GEMM",
@@ -174,39 +221,15 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA):
                     routes.specs,
                     f"{self.prefix}attention.",
                     self.vllm_config.cache_config,
+                    first_index=stage.start,
                 )
             )
-            self.moe = nn.ModuleList(self._build_moe(moe_blocks, model_config.dtype))
         self.backbone = backbone
+        self.stage = stage
         self._final_logit_cap = task_final_logit_cap(self.preset)
         self.attention_specs = routes.specs
         self._route_layers = routes.attention_layers
         self._dtype = model_config.dtype
-
-    def _shard(self, backbone):
-        """This rank's shards of every layer's matmuls, at TP > 1."""
-        from vllm.distributed import get_tensor_model_parallel_rank
-        from vllm.distributed import get_tensor_model_parallel_world_size
-
-        ranks = get_tensor_model_parallel_world_size()
-        if ranks == 1:
-            return []
-        self.lm_head, self.logits_processor = parallel_linear.vocab_parallel_head(
-            attention_layers.token_embedding(backbone), f"{self.prefix}lm_head"
-        )
-        linears = parallel_linear.shard(
-            attention_layers.transformer_layers(backbone),
-            get_tensor_model_parallel_rank(),
-            ranks,
-            f"{self.prefix}parallel_linears.",
-        )
-        logger.info(
-            "%d KerasHub matmul layers hold 1/%d of their weights on vLLM's "
-            "parallel linear layers",
-            len(linears),
-            ranks,
-        )
-        return linears
 
     def _lora_layers(self, backbone, moe_blocks):
         if moe_blocks:
@@ -234,25 +257,6 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA):
         lora_linear.keep_a_zero_slot(manager)
         self.__dict__["_lora_manager"] = manager
 
-    def _build_moe(self, blocks, dtype):
-        """A vLLM `FusedMoE` per MoE block, holding the block's experts."""
-        runners = []
-        for index, block in enumerate(blocks):
-            route = moe_routes.route_of(block)
-            runner = moe.build(
-                route.spec(block),
-                f"{self.prefix}moe.{index}",
-                dtype,
-                expert_scale=route.expert_scale(block),
-            )
-            moe.load(runner, route.weights(block), route.variables(block))
-            block._vllm_moe_index = index
-            runners.append(runner)
-        self.moe_blocks = blocks
-        if runners:
-            logger.info("%d KerasHub MoE blocks run on vLLM's fused MoE", len(runners))
-        return runners
-
     def embed_input_ids(self, input_ids):
         """The token embedding (Gemma3n's includes its embedding scale)."""
         return attention_layers.token_embedding(self.backbone)(input_ids)
@@ -260,22 +264,25 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA):
     def forward(
         self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None
     ):
-        """Runs the backbone on vLLM's packed tokens.
+        """Runs this rank's pipeline stage of the backbone on vLLM's packed tokens.
 
         Args:
             input_ids: `(num_tokens,)` token ids of all scheduled requests.
             positions: `(num_tokens,)` absolute position of each token.
-            intermediate_tensors: Pipeline-parallel inputs; unsupported.
+            intermediate_tensors: The previous stage's `hidden_states`, on
+                every stage but the first.
             inputs_embeds: Precomputed embeddings; unsupported.
 
         Returns:
-            `(num_tokens, hidden_size)` final hidden states.
+            `(num_tokens, hidden_size)` final hidden states on the last
+            stage; on the others, `IntermediateTensors` holding the hidden
+            states for the next.
         """
-        if inputs_embeds is not None or intermediate_tensors is not None:
-            raise NotImplementedError(
-                "KerasHub models take token ids only (no inputs_embeds or "
-                "pipeline parallelism)."
-            )
+        if inputs_embeds is not None:
+            raise NotImplementedError("KerasHub models take token ids only.")
+        hidden = None
+        if not self.stage.first:
+            hidden = intermediate_tensors["hidden_states"]
         routed, experts_routed = [], []
 
         def paged_attention(attention, query, key, value, *args, **kwargs):
@@ -297,7 +304,7 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA):
             positions=positions,
             kv_caches=self.attention,
         ), moe.experts_scope(experts):
-            hidden_states = packed_forward(self.backbone, input_ids, positions)
+            hidden_states = self.stage.packed_forward(input_ids, positions, hidden)
         # A step that routed differently from the start-up probe (a layer
         # that fell back to its own attention) must not return; under
         # torch.compile this is decided once, while tracing. Attention is
@@ -316,7 +323,9 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA):
                 f"this step for {len(self.moe)} MoE blocks, not one per block "
                 "in order; serving it would give wrong output."
             )
-        return hidden_states[:, 0, :]
+        if not self.stage.last:
+            return IntermediateTensors({"hidden_states": hidden_states})
+        return hidden_states
 
     def compute_logits(self, hidden_states):
         """Logits through the backbone's own (possibly tied) output embedding.

@@ -1,4 +1,5 @@
-"""Tensor parallelism: each rank holds its shard, and the tokens stay the same.
+"""Tensor and pipeline parallelism: each rank holds its part, and the tokens
+stay the same.
 
 Two ranks on vLLM's multiprocessing executor and CPU communicator (gloo plus
 shared memory), one spawned worker per rank, each bound to one core with
@@ -24,7 +25,8 @@ from vllm_keras_hub.model_test import PROMPTS
 from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.oracle import keras_hub_greedy
 from vllm_keras_hub.testing.parallel import rank_report
-from vllm_keras_hub.testing.parallel import tensor_parallel_llm
+from vllm_keras_hub.testing.parallel import parallel_llm
+from vllm_keras_hub.testing.parallel import stage_report
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import build_tiny_preset
 from vllm_keras_hub.testing.server import end_process_group
@@ -64,6 +66,7 @@ def _single_rank(preset):
     """The attention specs and expert widths of the whole model."""
     import keras_hub
 
+    from vllm_keras_hub import pipeline
     from vllm_keras_hub import probe
     from vllm_keras_hub.layers import attention
     from vllm_keras_hub.layers import moe_routes
@@ -75,7 +78,7 @@ def _single_rank(preset):
     widths = [
         moe_routes.route_of(block).spec(block).intermediate_size for block in blocks
     ]
-    return probe.run(backbone).specs, widths
+    return probe.run(pipeline.stage(backbone)).specs, widths
 
 
 @pytest.mark.parametrize("family", sorted(CASES))
@@ -83,8 +86,9 @@ def test_tensor_parallel_greedy_parity(family, tmp_path):
     preset = build_tiny_preset(family, str(tmp_path))
     expected = keras_hub_greedy(preset, PROMPTS, MAX_NEW_TOKENS)
     assert max(len(ids) for ids, _ in expected) > CHUNK
-    with tensor_parallel_llm(
+    with parallel_llm(
         f"keras_hub:{preset}",
+        tensor_parallel_size=2,
         max_num_batched_tokens=CHUNK,
         enable_chunked_prefill=True,
         enforce_eager=family != "llama3",
@@ -92,11 +96,7 @@ def test_tensor_parallel_greedy_parity(family, tmp_path):
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         reports = sorted(llm.collective_rpc(rank_report), key=lambda r: r["rank"])
     support_matrix.record(family, TINY_FAMILIES[family][1], tp2="FAIL")
-    for prompt, output, (prompt_ids, generated_ids) in zip(
-        PROMPTS, outputs, expected, strict=True
-    ):
-        assert output.prompt_token_ids == prompt_ids, prompt
-        assert list(output.outputs[0].token_ids) == generated_ids, prompt
+    _assert_greedy_parity(outputs, expected)
     support_matrix.record(family, TINY_FAMILIES[family][1], tp2="pass")
 
     specs, expert_widths = _single_rank(preset)
@@ -130,6 +130,83 @@ def test_tensor_parallel_greedy_parity(family, tmp_path):
             assert cut[0] + cut[1] == pytest.approx(whole)
     assert any(spec.alibi_slopes for spec in specs) == (family in ("bloom", "falcon"))
     assert any(spec.sinks for spec in specs) == (family == "gpt_oss")
+
+
+# (family, multimodal) -> what it proves under pipeline parallelism.
+PIPELINE_CASES = {
+    ("llama3", False): "an untied head on the last stage, compiled",
+    ("qwen", False): "q/k/v biases",
+    ("gemma2", False): "soft caps, a window, a tied head on the last stage",
+    ("bloom", False): "ALiBi",
+    ("gpt_oss", False): "attention sinks, experts on vLLM's FusedMoE",
+    ("qwen3_moe", False): "experts on vLLM's FusedMoE",
+    ("gemma3", True): "a vision preset, whose text path loops over its layers",
+}
+
+
+def _assert_greedy_parity(outputs, expected):
+    for prompt, output, (prompt_ids, generated_ids) in zip(
+        PROMPTS, outputs, expected, strict=True
+    ):
+        assert output.prompt_token_ids == prompt_ids, prompt
+        assert list(output.outputs[0].token_ids) == generated_ids, prompt
+
+
+@pytest.mark.parametrize("family, multimodal", sorted(PIPELINE_CASES))
+def test_pipeline_parallel_greedy_parity(family, multimodal, tmp_path):
+    preset = build_tiny_preset(family, str(tmp_path), multimodal=multimodal)
+    expected = keras_hub_greedy(preset, PROMPTS, MAX_NEW_TOKENS)
+    with parallel_llm(
+        f"keras_hub:{preset}",
+        pipeline_parallel_size=2,
+        max_num_batched_tokens=CHUNK,
+        enable_chunked_prefill=True,
+        enforce_eager=family != "llama3",
+    ) as llm:
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        reports = sorted(llm.collective_rpc(stage_report), key=lambda r: r["ranks"])
+    row = f"{family} + vision encoder" if multimodal else family
+    support_matrix.record(row, TINY_FAMILIES[family][1], pp2="FAIL")
+    _assert_greedy_parity(outputs, expected)
+    support_matrix.record(row, TINY_FAMILIES[family][1], pp2="pass")
+
+    # Each stage serves one of the two layers, with its own KV cache and
+    # experts, and holds nothing of the other's layer; the embedding is on
+    # the first stage, the output head on the last.
+    first, last = reports
+    assert (first["stage"], last["stage"]) == ((0, 1), (1, 2))
+    assert (first["attention"], last["attention"]) == (["attention.0"], ["attention.1"])
+    moe = family in ("gpt_oss", "qwen3_moe")
+    assert first["experts"] == last["experts"] == int(moe)
+    assert first["others"] == last["others"] == 0
+    assert first["embedding"] and last["head"]
+    # A tied table is both: the last stage keeps it for its head. An untied
+    # output projection is the last stage's alone.
+    assert last["embedding"] == first["head"] == first["tied"]
+
+
+def test_tensor_and_pipeline_parallel_together(tmp_path, monkeypatch):
+    """2 stages of 2 ranks each: Gemma2's tied head is vocabulary-parallel
+    on the last stage's ranks only, and only the first stage keeps the
+    input table."""
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1|0|1")
+    preset = build_tiny_preset("gemma2", str(tmp_path))
+    expected = keras_hub_greedy(preset, PROMPTS, MAX_NEW_TOKENS)
+    with parallel_llm(
+        f"keras_hub:{preset}",
+        tensor_parallel_size=2,
+        pipeline_parallel_size=2,
+        max_num_batched_tokens=CHUNK,
+        enable_chunked_prefill=True,
+    ) as llm:
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        reports = sorted(llm.collective_rpc(stage_report), key=lambda r: r["ranks"])
+    _assert_greedy_parity(outputs, expected)
+    assert [r["ranks"] for r in reports] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [r["stage"] for r in reports] == [(0, 1)] * 2 + [(1, 2)] * 2
+    assert [r["embedding"] for r in reports] == [True, True, False, False]
+    assert [r["vocab_parallel_head"] for r in reports] == [False, False, True, True]
+    assert all(r["others"] == 0 for r in reports)
 
 
 def test_tensor_parallel_server_gives_generates_tokens(tmp_path):

@@ -16,9 +16,7 @@ import sys
 import torch
 from keras_hub.src.vllm.context import vllm_context_scope
 
-from vllm_keras_hub.layers import attention
 from vllm_keras_hub.layers import moe
-from vllm_keras_hub.text_forward import packed_forward
 
 
 class RouteError(RuntimeError):
@@ -87,21 +85,17 @@ def _routing_attention_layer():
     return None
 
 
-def transformer_layers(backbone):
-    """The backbone's transformer layers; `RouteError` if it has none."""
-    try:
-        return attention.transformer_layers(backbone)
-    except ValueError as e:
-        raise RouteError(str(e)) from e
+def run(stage):
+    """Runs one token through a pipeline stage, recording each route's options.
 
-
-def run(backbone):
-    """Runs one token through `backbone`, recording each route's options.
+    Args:
+        stage: A `pipeline.Stage` of a loaded backbone (the whole backbone
+            where there is one stage).
 
     Returns:
         A `Probe`.
     """
-    layers = transformer_layers(backbone)
+    layers = stage.layers
     probe = Probe([], [], [])
 
     def record_attention(
@@ -148,13 +142,14 @@ def run(backbone):
         return torch.zeros_like(hidden_states)
 
     input_ids = torch.zeros(1, dtype=torch.int64)
+    hidden = None if stage.first else torch.zeros(1, stage.hidden_size)
     with torch.inference_mode(), moe.experts_scope(record_experts):
         with vllm_context_scope(
             paged_attention_func=record_attention,
             positions=torch.zeros_like(input_ids),
             kv_caches=list(range(len(layers))),
         ):
-            packed_forward(backbone, input_ids, torch.zeros_like(input_ids))
+            stage.packed_forward(input_ids, torch.zeros_like(input_ids), hidden)
     return probe
 
 
@@ -167,15 +162,14 @@ def _layer_owners(layers):
     return owners
 
 
-def check_attention_routes(probe, backbone, name):
+def check_attention_routes(probe, layers, name):
     """Raises `RouteError` unless layer i, and only it, routed i-th.
 
     Args:
         probe: What `run` recorded.
-        backbone: The probed backbone.
+        layers: The probed stage's transformer layers.
         name: The model, for the message.
     """
-    layers = transformer_layers(backbone)
     owners = _layer_owners(layers)
     routed = [owners.get(id(caller)) for caller in probe.attention_layers]
     expected = list(range(len(layers)))

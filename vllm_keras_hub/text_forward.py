@@ -8,32 +8,10 @@ demand image and audio inputs, so for those the text path their own
 the same layers in the same order as the full graph.
 """
 
-import torch
 from keras import ops
 
 
-def packed_forward(backbone, input_ids, positions):
-    """Final hidden states for vLLM's packed tokens of all requests.
-
-    vLLM packs the tokens of all requests into one ragged sequence. Fed as a
-    batch of one-token rows, decoder masks degenerate and only vLLM's
-    attention mixes tokens.
-
-    Args:
-        backbone: A loaded KerasHub backbone with its routes installed.
-        input_ids: `(num_tokens,)` token ids.
-        positions: `(num_tokens,)` absolute position of each token.
-
-    Returns:
-        `(num_tokens, 1, hidden_size)` hidden states.
-    """
-    token_ids = input_ids.reshape(-1, 1)
-    return text_forward(
-        backbone, token_ids, torch.ones_like(token_ids), positions.reshape(-1, 1)
-    )
-
-
-def text_forward(backbone, token_ids, padding_mask, positions):
+def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidden=None):
     """Final hidden states of `backbone` for `token_ids`.
 
     Args:
@@ -41,6 +19,10 @@ def text_forward(backbone, token_ids, padding_mask, positions):
         token_ids: `(batch, length)` token ids.
         padding_mask: `(batch, length)` ones where a token is real.
         positions: `(batch, length)` position of each token.
+        layers: `(start, end)`: run only these transformer layers, a
+            pipeline stage of a backbone whose text path is a loop over its
+            layers (Gemma3 vision presets); `pipeline.py` cuts the others.
+        hidden: The hidden states entering layer `start`, if not 0.
 
     Returns:
         `(batch, length, hidden_size)` hidden states.
@@ -51,19 +33,24 @@ def text_forward(backbone, token_ids, padding_mask, positions):
     if name == "Gemma4Backbone":
         return _gemma4(backbone, token_ids, padding_mask, positions)
     if name == "Gemma3Backbone" and not backbone.text_only_model:
-        return _gemma3_vision(backbone, token_ids, padding_mask)
+        return _gemma3_vision(backbone, token_ids, padding_mask, layers, hidden)
     return backbone(
         {"token_ids": token_ids, "padding_mask": padding_mask}, training=False
     )
 
 
-def _gemma3_vision(backbone, token_ids, padding_mask):
+def _gemma3_vision(backbone, token_ids, padding_mask, layers=None, hidden=None):
     # `Gemma3CausalLM.call_with_cache` without images: scaled token
     # embeddings, the layers with no vision mask (causal), the final norm.
-    x = backbone.token_embedding(token_ids)
-    x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
-    for layer in backbone.transformer_layers:
+    start, end = layers or (0, len(backbone.transformer_layers))
+    x = hidden
+    if start == 0:
+        x = backbone.token_embedding(token_ids)
+        x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
+    for layer in backbone.transformer_layers[start:end]:
         x = layer(x, padding_mask=padding_mask, vision_mask=None)
+    if end < len(backbone.transformer_layers):
+        return x
     return backbone.layer_norm(x)
 
 

@@ -184,16 +184,19 @@ def install(backbone, family):
         layer.call = types.MethodType(_routed_call, layer)
 
 
-def build(specs, prefix, cache_config):
+def build(specs, prefix, cache_config, first_index=0):
     """One vLLM `Attention` per transformer layer, from the probe's specs.
 
     Call inside `set_current_vllm_config`: each registers itself with the
-    engine under `{prefix}{index}`, and vLLM orders KV caches by that index.
+    engine under `{prefix}{index}`, `index` the layer's index in the
+    backbone, and vLLM orders KV caches by that index.
 
     Args:
-        specs: The probe's `AttentionSpec` per transformer layer.
+        specs: The probe's `AttentionSpec` per transformer layer of this
+            pipeline stage.
         prefix: The layers' name prefix, e.g. `"attention."`.
         cache_config: The engine's `CacheConfig`.
+        first_index: The backbone's index of the stage's first layer.
 
     Raises:
         ValueError: a head size the platform's attention kernel cannot run
@@ -203,7 +206,7 @@ def build(specs, prefix, cache_config):
     from vllm.model_executor.layers.attention import Attention
 
     layers = []
-    for index, spec in enumerate(specs):
+    for index, spec in enumerate(specs, start=first_index):
         target = spec.kv_sharing_target
         layer = Attention(
             spec.num_heads,

@@ -314,7 +314,8 @@ def use_vllm_cpu_gemm(model, step):
         if weight[0].dtype != layer.compute_dtype:
             continue
         if weight[0].value.numel() == 0:
-            continue  # held by a vLLM layer already (`parallel_linear.py`)
+            # Held by a vLLM parallel linear, or by another pipeline stage.
+            continue
         if not packs(weight[0].value.dtype):
             continue
         chosen.append((layer, weight))

@@ -19,8 +19,9 @@ around it are vLLM's own, as they are for its models (expert and tensor
 parallelism included, once the experts are loaded sharded).
 
 The expert weights are loaded into the `FusedMoE` with vLLM's own weight
-loader, one expert at a time, and Keras's copies are freed: each weight is
-held once, in the layout vLLM's kernel prepacks at load.
+loader, one expert at a time, straight from the preset: Keras never holds
+them, and each weight is held once, in the layout vLLM's kernel prepacks
+at load.
 """
 
 import contextlib
@@ -139,15 +140,14 @@ def build(spec, prefix, dtype, expert_scale=None):
     )
 
 
-def load(runner, weights, variables):
-    """Fills `runner`'s experts with the block's weights; frees Keras's.
+def load(runner, weights):
+    """Fills `runner`'s experts with the block's weights.
 
     Args:
         runner: What `build` returned.
         weights: `(param_name, shard_id, expert_id, tensor)` per weight, as
             vLLM's `RoutedExperts.weight_loader` takes them (e.g.
             `("w13_weight", "w1", 3, gate)` with `gate` shaped `(out, in)`).
-        variables: The block's Keras expert variables, freed once loaded.
     """
     experts = runner.routed_experts
     for name, shard_id, expert_id, tensor in weights:
@@ -156,5 +156,3 @@ def load(runner, weights, variables):
         param.weight_loader(
             param, tensor.to(param.dtype), name, shard_id=shard_id, expert_id=expert_id
         )
-    for variable in variables:
-        variable.value.data = torch.empty(0, dtype=variable.value.dtype)

@@ -39,23 +39,20 @@ class MoERoute:
         call: Replaces the block's `call`, with its arguments.
         spec: `spec(block)` is the block's `moe.MoESpec`; raises
             `MoERouteError` for a block the kernel cannot compute exactly.
-        weights: `weights(block)` yields `(param_name, shard_id, expert_id,
-            tensor)` for `moe.load`.
+        weights: `weights(block, read)` yields `(param_name, shard_id,
+            expert_id, tensor)` for `moe.load`, `read(variable)` giving a
+            variable's stored value.
         variables: `variables(block)` lists the Keras variables holding the
-            expert weights, freed once they are loaded into vLLM.
-        expert_scale: `expert_scale(block)` is a per-expert output factor,
-            or `None`.
+            expert weights, never kept by Keras once loaded into vLLM.
+        expert_scale: `expert_scale(block, read)` is a per-expert output
+            factor, or `None`.
     """
 
     call: Callable
     spec: Callable
     weights: Callable
     variables: Callable
-    expert_scale: Callable = lambda block: None
-
-
-def _value(variable):
-    return variable.value.detach()
+    expert_scale: Callable = lambda block, read: None
 
 
 def _dense_routing(top_p, top_i, num_experts, dtype):
@@ -138,9 +135,9 @@ def _fused_gate_up_spec(block):
     )
 
 
-def _fused_gate_up_weights(block):
-    gate_up = _value(block.expert_bank._expert_feedforward_gate_dense)
-    down = _value(block.expert_bank._expert_feedforward_output_dense)
+def _fused_gate_up_weights(block, read):
+    gate_up = read(block.expert_bank._expert_feedforward_gate_dense)
+    down = read(block.expert_bank._expert_feedforward_output_dense)
     size = gate_up.shape[-1] // 2
     for expert in range(gate_up.shape[0]):
         yield "w13_weight", "w1", expert, gate_up[expert, :, :size].T
@@ -172,8 +169,8 @@ def _mixtral_variables(block):
     ]
 
 
-def _mixtral_weights(block):
-    gate, up, down = (_value(v) for v in _mixtral_variables(block))
+def _mixtral_weights(block, read):
+    gate, up, down = (read(v) for v in _mixtral_variables(block))
     for expert in range(gate.shape[0]):
         yield "w13_weight", "w1", expert, gate[expert].T
         yield "w13_weight", "w3", expert, up[expert].T
@@ -211,11 +208,11 @@ def _gpt_oss_variables(block):
     ]
 
 
-def _gpt_oss_weights(block):
+def _gpt_oss_weights(block, read):
     # Gate and up interleaved along the last axis, as `swigluoai` reads
     # them; vLLM's GPT-OSS loader takes each expert in this `(in, out)` form.
     gate_up, gate_up_bias, down, down_bias = (
-        _value(v) for v in _gpt_oss_variables(block)
+        read(v) for v in _gpt_oss_variables(block)
     )
     for expert in range(gate_up.shape[0]):
         yield "w13_weight", "gpt_oss_w13", expert, gate_up[expert]
@@ -239,17 +236,17 @@ def _gemma4_variables(block):
     return [block.gate_proj, block.up_proj, block.down_proj]
 
 
-def _gemma4_weights(block):
-    gate, up, down = (_value(v) for v in _gemma4_variables(block))
+def _gemma4_weights(block, read):
+    gate, up, down = (read(v) for v in _gemma4_variables(block))
     for expert in range(gate.shape[0]):
         yield "w13_weight", "w1", expert, gate[expert].T
         yield "w13_weight", "w3", expert, up[expert].T
         yield "w2_weight", "w2", expert, down[expert].T
 
 
-def _gemma4_expert_scale(block):
+def _gemma4_expert_scale(block, read):
     # KerasHub casts the scale to the compute dtype before multiplying.
-    scale = _value(block.per_expert_scale)
+    scale = read(block.per_expert_scale)
     return scale.to(getattr(torch, block.compute_dtype)).float()
 
 
@@ -283,6 +280,44 @@ ROUTES = {
 }
 
 
+def build_experts(blocks, prefix, dtype, weights):
+    """A vLLM `FusedMoE` per routed block, holding the block's experts.
+
+    The experts go from the preset into vLLM's weight loader, which keeps
+    this rank's share; Keras never holds them. Call inside
+    `set_current_vllm_config`.
+
+    Args:
+        blocks: The routed blocks this rank serves, from `install`.
+        prefix: Name prefix of the `FusedMoE` layers, e.g. `"moe."`.
+        dtype: The experts' torch dtype.
+        weights: The backbone's `PresetWeights`.
+
+    Returns:
+        The `MoERunner`s, one per block; each block records its index.
+    """
+    from vllm.logger import init_logger
+
+    runners = []
+    for index, block in enumerate(blocks):
+        route = route_of(block)
+        runner = moe.build(
+            route.spec(block),
+            f"{prefix}{index}",
+            dtype,
+            expert_scale=route.expert_scale(block, weights.read),
+        )
+        moe.load(runner, route.weights(block, weights.read))
+        weights.release(route.variables(block))
+        block._vllm_moe_index = index
+        runners.append(runner)
+    if runners:
+        init_logger(__name__).info(
+            "%d KerasHub MoE blocks run on vLLM's fused MoE", len(runners)
+        )
+    return runners
+
+
 def route_of(block):
     """The `MoERoute` of an installed block."""
     return ROUTES[type(block).__name__]
@@ -295,14 +330,16 @@ def _is_experts_layer(layer):
     return name.endswith(("Experts", "SparseMoeBlock", "MoEBlock"))
 
 
-def install(backbone):
+def install(backbone, transformer_layers=None):
     """Routes every MoE block of `backbone` to vLLM's fused MoE.
 
     Args:
-        backbone: The loaded KerasHub backbone.
+        backbone: The KerasHub backbone (its weights need not be loaded).
+        transformer_layers: The layers whose blocks this rank serves (its
+            pipeline stage's); all if `None`.
 
     Returns:
-        The routed blocks, in layer order.
+        The routed blocks of `transformer_layers`, in layer order.
 
     Raises:
         MoERouteError: an expert layer outside every routed block (its
@@ -334,7 +371,14 @@ def install(backbone):
     for block in blocks:
         route_of(block).spec(block)
         block.call = types.MethodType(route_of(block).call, block)
-    return blocks
+    if transformer_layers is None:
+        return blocks
+    served = {
+        id(sublayer)
+        for layer in transformer_layers
+        for sublayer in layer._flatten_layers(include_self=True)
+    }
+    return [block for block in blocks if id(block) in served]
 
 
 def _record_gemma4_top_k(backbone, blocks):

@@ -24,8 +24,6 @@ a lookup needs no all-reduce.
 
 import math
 
-import torch
-
 from vllm_keras_hub.config import UnsupportedParallelismError
 from vllm_keras_hub.layers import linear
 from vllm_keras_hub.layers import moe_routes
@@ -84,7 +82,7 @@ def _heads(layer):
     return variable.shape[permutation[contracted_rank]]
 
 
-def _shard_column(layer, rank, ranks, prefix, units="units"):
+def _shard_column(layer, rank, ranks, prefix, weights, units="units"):
     """Makes `layer` a `ColumnParallelLinear` over its first output axis.
 
     Args:
@@ -93,12 +91,13 @@ def _shard_column(layer, rank, ranks, prefix, units="units"):
         ranks: How many shards the output is cut into (fewer than the
             tensor-parallel size where KV heads are replicated).
         prefix: The vLLM layer's name.
+        weights: The backbone's `PresetWeights`.
         units: What the first output axis counts, for the error message.
     """
     from vllm.model_executor.layers.linear import ColumnParallelLinear
 
     variable, permutation, contracted_rank = _plan(layer)
-    kernel = variable.value.detach().permute(permutation)
+    kernel = weights.read(variable).detach().permute(permutation)
     in_size = math.prod(kernel.shape[:contracted_rank])
     out_shape = list(kernel.shape[contracted_rank:])
     if out_shape[0] % ranks:
@@ -130,17 +129,18 @@ def _shard_column(layer, rank, ranks, prefix, units="units"):
             )
         if bias.ndim == len(out_shape):
             size = out_shape[0]
-            bias.value.data = bias.value.data[rank * size : (rank + 1) * size].clone()
-    _use(layer, vllm_linear, in_size, contracted_rank, tuple(out_shape), variable)
+            whole = weights.read(bias)
+            weights.keep(bias, whole[rank * size : (rank + 1) * size].clone())
+    _use(layer, vllm_linear, in_size, contracted_rank, tuple(out_shape), variable, weights)
     return vllm_linear
 
 
-def _shard_row(layer, rank, ranks, prefix):
+def _shard_row(layer, rank, ranks, prefix, weights):
     """Makes `layer` a `RowParallelLinear` over its first contracted axis."""
     from vllm.model_executor.layers.linear import RowParallelLinear
 
     variable, permutation, contracted_rank = _plan(layer)
-    kernel = variable.value.detach().permute(permutation)
+    kernel = weights.read(variable).detach().permute(permutation)
     in_shape = list(kernel.shape[:contracted_rank])
     if in_shape[0] % ranks:
         raise UnsupportedParallelismError(
@@ -160,18 +160,18 @@ def _shard_row(layer, rank, ranks, prefix):
         vllm_linear.weight, kernel.reshape(in_size, -1).t()
     )
     out_shape = tuple(kernel.shape[contracted_rank:])
-    _use(layer, vllm_linear, in_size // ranks, contracted_rank, out_shape, variable)
+    _use(layer, vllm_linear, in_size // ranks, contracted_rank, out_shape, variable, weights)
     return vllm_linear
 
 
-def _use(layer, vllm_linear, in_size, contracted_rank, out_shape, variable):
+def _use(layer, vllm_linear, in_size, contracted_rank, out_shape, variable, weights):
     vllm_linear.quant_method.process_weights_after_loading(vllm_linear)
     linear.use_packed_kernel(layer, vllm_linear, in_size, contracted_rank, out_shape)
-    variable.value.data = torch.empty(0, dtype=variable.value.dtype)
+    weights.release([variable])
     layer._packed_kernel.freed = True
 
 
-def _cut_per_head(attention, rank, ranks):
+def _cut_per_head(attention, rank, ranks, weights):
     # The rank's heads of the tensors vLLM's `Attention` takes per head.
     slopes = getattr(attention, "_vllm_alibi_slopes", None)
     if slopes is not None:
@@ -180,7 +180,8 @@ def _cut_per_head(attention, rank, ranks):
     sinks = getattr(attention, "sinks", None)
     if sinks is not None:
         size = sinks.shape[0] // ranks
-        sinks.value.data = sinks.value.data[rank * size : (rank + 1) * size].clone()
+        whole = weights.read(sinks)
+        weights.keep(sinks, whole[rank * size : (rank + 1) * size].clone())
 
 
 def _attention_of(block):
@@ -198,26 +199,30 @@ def _attention_of(block):
     return found[0]
 
 
-def shard(transformer_layers, rank, ranks, prefix):
+def shard(transformer_layers, rank, ranks, prefix, weights, first_index=0):
     """Shards every transformer layer's attention and MLP across the ranks.
 
     Call after the attention routes are installed (ALiBi slopes are read
     from all heads), inside `set_current_vllm_config`, with vLLM's
-    distributed groups initialised.
+    distributed groups initialised. Each sharded weight is read whole from
+    the preset, one at a time, and only this rank's slice is kept, as
+    vLLM's own weight loaders do.
 
     Args:
-        transformer_layers: The backbone's transformer layers, their
-            attention routes installed.
+        transformer_layers: The transformer layers of this pipeline stage,
+            their attention routes installed.
         rank: This rank's tensor-parallel index.
         ranks: The tensor-parallel size.
         prefix: Name prefix of the vLLM layers.
+        weights: The backbone's `PresetWeights`.
+        first_index: The backbone's index of the first of the layers.
 
     Returns:
         The vLLM linear layers made, to be registered as the model's
         submodules.
     """
     made = []
-    for index, block in enumerate(transformer_layers):
+    for index, block in enumerate(transformer_layers, start=first_index):
         attention = _attention_of(block)
         name = f"{prefix}{index}."
         (query,) = _sublayer(attention, QUERY, "query")
@@ -233,26 +238,32 @@ def shard(transformer_layers, rank, ranks, prefix):
         # KV head `h` is on ranks `h * replicas ... (h + 1) * replicas - 1`.
         kv_shards = min(kv_heads, ranks)
         kv_rank = rank * kv_shards // ranks
-        made.append(_shard_column(query, rank, ranks, f"{name}q", "heads"))
-        made.append(_shard_column(key, kv_rank, kv_shards, f"{name}k", "KV heads"))
+        made.append(_shard_column(query, rank, ranks, f"{name}q", weights, "heads"))
         made.append(
-            _shard_column(value, kv_rank, kv_shards, f"{name}v", "KV heads")
+            _shard_column(key, kv_rank, kv_shards, f"{name}k", weights, "KV heads")
         )
-        made.append(_shard_row(output, rank, ranks, f"{name}o"))
+        made.append(
+            _shard_column(value, kv_rank, kv_shards, f"{name}v", weights, "KV heads")
+        )
+        made.append(_shard_row(output, rank, ranks, f"{name}o", weights))
         # The KV head count the layer hands to vLLM's attention (Mistral
         # keeps it private).
         for count in ("num_key_value_heads", "_num_key_value_heads"):
             if hasattr(attention, count):
                 setattr(attention, count, kv_heads // kv_shards)
-        _cut_per_head(attention, rank, ranks)
+        _cut_per_head(attention, rank, ranks, weights)
         if _has_moe(block):
             # vLLM's `FusedMoE` shards the experts and all-reduces their sum;
             # a shared expert and the router stay whole on every rank.
             continue
         for index_in, layer in enumerate(_sublayer(block, MLP_INPUT, "mlp")):
-            made.append(_shard_column(layer, rank, ranks, f"{name}mlp_in{index_in}"))
+            made.append(
+                _shard_column(layer, rank, ranks, f"{name}mlp_in{index_in}", weights)
+            )
         for index_out, layer in enumerate(_sublayer(block, MLP_OUTPUT, "mlp")):
-            made.append(_shard_row(layer, rank, ranks, f"{name}mlp_out{index_out}"))
+            made.append(
+                _shard_row(layer, rank, ranks, f"{name}mlp_out{index_out}", weights)
+            )
     return made
 
 
@@ -263,7 +274,59 @@ def _has_moe(block):
     )
 
 
-def vocab_parallel_head(embedding, prefix):
+def shard_stage(stage, weights, prefix):
+    """This rank's shards of a pipeline stage's matmuls, and its output head.
+
+    Call inside `set_current_vllm_config`, with vLLM's distributed groups
+    initialised.
+
+    Args:
+        stage: This rank's `pipeline.Stage`.
+        weights: The backbone's `PresetWeights`.
+        prefix: The model's module prefix.
+
+    Returns:
+        `(linears, head, logits_processor)`: the vLLM parallel linears made,
+        and on the last stage the vocabulary-parallel head and its
+        `LogitsProcessor` (`None` elsewhere, and at one rank: no sharding).
+    """
+    from vllm.distributed import get_tensor_model_parallel_rank
+    from vllm.distributed import get_tensor_model_parallel_world_size
+    from vllm.logger import init_logger
+
+    from vllm_keras_hub.layers.attention import token_embedding
+
+    ranks = get_tensor_model_parallel_world_size()
+    if ranks == 1:
+        return [], None, None
+    head = logits_processor = None
+    if stage.last:
+        embedding = token_embedding(stage.backbone)
+        head, logits_processor = vocab_parallel_head(
+            embedding, f"{prefix}lm_head", weights
+        )
+        if not stage.first:
+            # Only the head reads a tied table here (the variable, not the
+            # `embeddings` property's value).
+            weights.release([embedding._embeddings])
+    linears = shard(
+        stage.layers,
+        get_tensor_model_parallel_rank(),
+        ranks,
+        f"{prefix}parallel_linears.",
+        weights,
+        first_index=stage.start,
+    )
+    init_logger(__name__).info(
+        "%d KerasHub matmul layers hold 1/%d of their weights on vLLM's "
+        "parallel linear layers",
+        len(linears),
+        ranks,
+    )
+    return linears, head, logits_processor
+
+
+def vocab_parallel_head(embedding, prefix, weights):
     """The output projection as vLLM's `ParallelLMHead` over the vocabulary.
 
     Each rank computes the logits of its slice of the vocabulary and vLLM's
@@ -281,6 +344,7 @@ def vocab_parallel_head(embedding, prefix):
     Args:
         embedding: The backbone's `ReversibleEmbedding`.
         prefix: The head's name.
+        weights: The backbone's `PresetWeights`.
 
     Returns:
         `(head, logits_processor)`; `logits_processor(head, hidden_states)`
@@ -296,14 +360,14 @@ def vocab_parallel_head(embedding, prefix):
             "ReversibleEmbedding; its output projection cannot be sharded."
         )
     if embedding.tie_weights:
-        variable, weight = None, embedding.embeddings.value.detach()
+        variable, weight = None, weights.read(embedding.embeddings).detach()
     else:
         variable = embedding.reverse_embeddings
-        weight = variable.value.detach().t()
+        weight = weights.read(variable).detach().t()
     vocab, hidden = weight.shape
     head = ParallelLMHead(vocab, hidden, params_dtype=weight.dtype, prefix=prefix)
     head.weight.weight_loader(head.weight, weight)
     head.quant_method.process_weights_after_loading(head)
     if variable is not None:
-        variable.value.data = torch.empty(0, dtype=variable.value.dtype)
+        weights.release([variable])
     return head, LogitsProcessor(vocab, soft_cap=embedding.logit_soft_cap)

@@ -7,7 +7,7 @@ from vllm_keras_hub.testing.engines import in_process_engine_env
 
 
 @contextlib.contextmanager
-def tensor_parallel_llm(model, tensor_parallel_size=2, **kwargs):
+def parallel_llm(model, tensor_parallel_size=1, pipeline_parallel_size=1, **kwargs):
     """A `KerasHubLLM` on vLLM's multiprocessing executor, one worker a rank.
 
     The engine core runs in this process (so `collective_rpc` can send the
@@ -16,7 +16,8 @@ def tensor_parallel_llm(model, tensor_parallel_size=2, **kwargs):
 
     Args:
         model: Passed to `KerasHubLLM`.
-        tensor_parallel_size: Ranks.
+        tensor_parallel_size: Tensor-parallel ranks.
+        pipeline_parallel_size: Pipeline stages.
         **kwargs: `vllm.LLM` arguments over `TEST_ENGINE_KWARGS`.
     """
     from vllm_keras_hub.llm import KerasHubLLM
@@ -25,6 +26,7 @@ def tensor_parallel_llm(model, tensor_parallel_size=2, **kwargs):
         llm = KerasHubLLM(
             model,
             tensor_parallel_size=tensor_parallel_size,
+            pipeline_parallel_size=pipeline_parallel_size,
             **{**TEST_ENGINE_KWARGS, **kwargs},
         )
         try:
@@ -74,4 +76,52 @@ def rank_report(worker):
             for runner in model.moe
         ],
         head=(model.lm_head.num_embeddings_per_partition, model.lm_head.org_vocab_size),
+    )
+
+
+def stage_report(worker):
+    """What one pipeline stage's worker holds; run with `collective_rpc`.
+
+    Returns:
+        A dict: `stage`, its `(start, end)` layers; `ranks`, its `(pp, tp)`
+        ranks; `attention`, the names of its vLLM `Attention` layers;
+        `experts`, its `FusedMoE` count; `others`, elements Keras holds
+        for other stages' transformer layers; `embedding` and `head`,
+        whether it holds the input table and an output projection;
+        `vocab_parallel_head`, whether that is vLLM's `ParallelLMHead`;
+        `tied`, whether the output projection is the input table.
+    """
+    from vllm.distributed import get_pp_group
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    from vllm_keras_hub.layers.attention import token_embedding
+    from vllm_keras_hub.layers.attention import transformer_layers
+
+    model = worker.model_runner.model
+    stage = model.stage
+    layers = transformer_layers(model.backbone)
+    own = set(range(stage.start, stage.end))
+
+    def held(layer):
+        return sum(v.value.numel() for v in layer.variables)
+
+    embedding = token_embedding(model.backbone)
+    tied = getattr(embedding, "tie_weights", True)
+    if tied:
+        output = embedding.embeddings.value.numel() > 0
+    else:
+        # Moved to vLLM's CPU GEMM, or still Keras's.
+        output = hasattr(embedding, "_packed_kernel") or (
+            embedding.__dict__["reverse_embeddings"].value.numel() > 0
+        )
+    return dict(
+        stage=(stage.start, stage.end),
+        ranks=(get_pp_group().rank_in_group, get_tensor_model_parallel_rank()),
+        attention=[layer.layer_name for layer in model.attention],
+        experts=len(model.moe),
+        others=sum(held(layer) for i, layer in enumerate(layers) if i not in own),
+        embedding=embedding.embeddings.value.numel() > 0,
+        head=model.lm_head is not None or output,
+        vocab_parallel_head=model.lm_head is not None,
+        tied=tied,
     )

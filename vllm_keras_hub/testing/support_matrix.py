@@ -8,10 +8,11 @@ features its served model used; `conftest.py` writes the table to
 
 from vllm_keras_hub import chat_templates
 from vllm_keras_hub import families
+from vllm_keras_hub.config import PIPELINE_REFUSALS
 
 RESULTS = {}
 COLUMNS = (
-    "batched", "chunked", "compiled", "tp2", "window", "soft_cap", "sinks", "moe"
+    "batched", "chunked", "compiled", "tp2", "pp2", "window", "soft_cap", "sinks", "moe"
 )
 
 
@@ -33,8 +34,9 @@ def render():
     lines = [
         "| family | test preset | route | greedy parity, batched | greedy parity, "
         "chunked prefill | greedy parity, compiled | greedy parity, 2 ranks "
-        "(tensor parallel) | sliding window | soft cap | sinks | MoE | chat format |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "(tensor parallel) | greedy parity, 2 stages (pipeline parallel) | "
+        "sliding window | soft cap | sinks | MoE | chat format |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     tested = set()
     for name, result in sorted(RESULTS.items()):
@@ -46,15 +48,17 @@ def render():
         cells += [_mark(result.get(column)) for column in COLUMNS]
         if not family.tensor_parallel:
             cells[3 + COLUMNS.index("tp2")] = "refused"
+        if family.backbone in PIPELINE_REFUSALS:
+            cells[3 + COLUMNS.index("pp2")] = "refused"
         lines.append("| " + " | ".join(cells + [chat]) + " |")
     for family in families.FAMILIES:
         if family.route is None:
             lines.append(
                 f"| {family.display_name} | | refused: {family.unsupported_reason} "
-                "| | | | | | | | | |"
+                "| | | | | | | | | | |"
             )
         elif family.name not in tested:
             lines.append(
-                f"| {family.display_name} | | not tested in this run | | | | | | | | | |"
+                f"| {family.display_name} | | not tested in this run | | | | | | | | | | |"
             )
     return "\n".join(lines) + "\n"
