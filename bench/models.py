@@ -38,6 +38,8 @@ class Model:
             `testing/hf_models.py` and its transformers config.
         tensor_parallel_size: vLLM's `tensor_parallel_size` for every
             vLLM system.
+        pipeline_parallel_size: vLLM's `pipeline_parallel_size` for every
+            vLLM system.
     """
 
     name: str
@@ -47,6 +49,11 @@ class Model:
     dtypes: tuple
     hf_config: tuple | None = None
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+
+    @property
+    def ranks(self):
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 _ALL_SYSTEMS = (
@@ -130,6 +137,15 @@ MODELS = {
         ("llama", _LLAMA_TP),
         tensor_parallel_size=2,
     ),
+    # SmolLM2's 30 layers, 15 a stage.
+    "smollm2_pp2": Model(
+        "smollm2_pp2",
+        "SmolLM2-135M-Instruct, pipeline parallel 2",
+        True,
+        ("keras_hub", "native_compiled"),
+        ("float32",),
+        pipeline_parallel_size=2,
+    ),
 }
 
 
@@ -159,6 +175,17 @@ def prepare(model, env):
 def _prepare_smollm2(env):
     from vllm_keras_hub import smollm2
 
+    # Converting the GGUF imports Keras: in a worker's environment (torch),
+    # not this process's.
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from vllm_keras_hub import smollm2; smollm2.default_preset_dir()",
+        ],
+        check=True,
+        env=env,
+    )
     preset = smollm2.default_preset_dir()
     hf_folder = os.path.join(smollm2.default_cache_dir(), "smollm2-135m-instruct-hf")
     stamp = os.path.join(hf_folder, "bench_source.json")

@@ -101,6 +101,7 @@ _MOE_TARGETS = [
 TARGETS = {"qwen3_moe": _MOE_TARGETS, "mixtral": _MOE_TARGETS}
 # Peak RSS here is the whole tree: front end, engine core and both ranks.
 TARGETS["llama_tp2"] = _MOE_TARGETS
+TARGETS["smollm2_pp2"] = _MOE_TARGETS
 TARGETS["smollm2"] = [
     ("tput_32", "native", "tput_32", 0.9, True),
     ("decode_ms_per_token", "native", "decode_ms_per_token", 1.15, False),
@@ -144,6 +145,23 @@ def format_targets(checks):
     for c in checks:
         lines.append(f"| {c['metric']} vs {c['against']} | {c['dtype']} | "
                      f"{c['ratio']:.2f}x | {c['target']} | {'yes' if c['met'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def format_ranks(results):
+    """Each rank's peak RSS, serving and while loading, for parallel runs."""
+    rows = [r for r in results if r.get("worker_peak_rss_mb")]
+    if not rows:
+        return ""
+    lines = ["| system | dtype | peak RSS per rank MB, serving | peak RSS per rank MB, "
+             "loading (64 MiB KV cache) |", "| --- | --- | --- | --- |"]
+
+    def ranks(peaks):
+        return ", ".join(f"{v:.0f}" for v in (peaks or {}).values()) or "-"
+
+    for r in rows:
+        lines.append(f"| {r['label']} | {r['dtype']} | {ranks(r['worker_peak_rss_mb'])} | "
+                     f"{ranks(r.get('load_worker_peak_rss_mb'))} |")
     return "\n".join(lines)
 
 

@@ -195,11 +195,11 @@ def run_model(model, args, size, start):
     common = ["--model", model.name, "--size", size, "--hf-folder", hf_folder,
               "--preset", preset]
     tp_env = None
-    if model.tensor_parallel_size > 1:
+    if model.ranks > 1:
         # One core per rank: vLLM's automatic binding wants a NUMA node each.
         tp_env = {"VLLM_CPU_OMP_THREADS_BIND": os.environ.get(
             "VLLM_CPU_OMP_THREADS_BIND",
-            "|".join(str(i) for i in range(model.tensor_parallel_size)))}
+            "|".join(str(i) for i in range(model.ranks)))}
     results = []
     for dtype in dtypes:
         for system in systems:
@@ -211,6 +211,10 @@ def run_model(model, args, size, start):
                 with tempfile.TemporaryDirectory() as cache_root:
                     r = run_worker(argv, args.threads, args.timeout, args.verbose,
                                    env={**tp_env, "VLLM_CACHE_ROOT": cache_root})
+                # Then each rank's peak while it loads, with a tiny KV cache.
+                load = run_worker(argv + ["--load-only"], args.threads, args.timeout,
+                                  args.verbose, env=tp_env)
+                r["load_worker_peak_rss_mb"] = load.get("load_worker_peak_rss_mb")
             else:
                 with compile_cache(system) as env:
                     r = run_compiled(system, argv, args, env) if env else run_worker(
@@ -224,7 +228,9 @@ def run_model(model, args, size, start):
                 print(f"    done in {r['wall_s']:.0f}s: tok/s {r['throughput']}", flush=True)
             results.append(r)
     serve_runs = []
-    serve_systems = [s for s in args.serve.split(",") if s] if model.text_prompts else []
+    # The serve scenario runs one rank: it belongs to the single-rank model.
+    one_rank = model.text_prompts and model.ranks == 1
+    serve_systems = [s for s in args.serve.split(",") if s] if one_rank else []
     for system in serve_systems:
         dtype = "float32"
         print(f"[{time.perf_counter() - start:6.0f}s] serve {system} {dtype} ...", flush=True)
@@ -270,8 +276,9 @@ def main_orchestrate(args):
         run["serve_table"] = report.format_serve_table(run["serve"])
         run["targets"] = report.check_targets(name, run["results"])
         run["targets_table"] = report.format_targets(run["targets"])
+        run["ranks_table"] = report.format_ranks(run["results"])
         print(f"\n## {run['label']}\n")
-        for key in ("table", "targets_table", "serve_table"):
+        for key in ("table", "ranks_table", "targets_table", "serve_table"):
             if run[key]:
                 print(run[key] + "\n")
         # SmolLM2 keeps the plain name the README shows.
@@ -316,6 +323,7 @@ def main():
     parser.add_argument("--preset", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     parser.add_argument("--startup-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--load-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.system or args.serve_system:
@@ -324,7 +332,8 @@ def main():
             if args.system:
                 result = run_system(args.system, args.dtype, args.size, args.hf_folder,
                                     args.preset, model.text_prompts, args.startup_only,
-                                    model.tensor_parallel_size)
+                                    model.tensor_parallel_size,
+                                    model.pipeline_parallel_size, args.load_only)
             else:
                 result = serve.run_serve(args.serve_system, args.dtype, args.size,
                                          args.hf_folder, args.preset)

@@ -30,6 +30,8 @@ COMPILED_SYSTEMS = ("keras_hub", "native_compiled")
 
 MAX_MODEL_LEN = 512
 KV_CACHE_BYTES = 2 << 30  # vllm-keras-hub's CPU default, given to native too
+# The load-only start: a KV cache small beside the weights.
+LOAD_KV_CACHE_BYTES = 64 << 20
 SEED = 0
 
 
@@ -104,27 +106,39 @@ class PeakRss:
 class VllmSystem:
     """`KerasHubLLM` or `vllm.LLM` with the benchmark's engine settings."""
 
-    def __init__(self, system, dtype, hf_folder, preset, text, tensor_parallel_size=1):
+    def __init__(
+        self,
+        system,
+        dtype,
+        hf_folder,
+        preset,
+        text,
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        kv_cache_bytes=KV_CACHE_BYTES,
+        eager=False,
+    ):
         import vllm
 
         kwargs = dict(
             dtype=dtype,
             max_model_len=MAX_MODEL_LEN,
-            kv_cache_memory_bytes=KV_CACHE_BYTES,
+            kv_cache_memory_bytes=kv_cache_bytes,
             seed=SEED,
             tensor_parallel_size=tensor_parallel_size,
+            pipeline_parallel_size=pipeline_parallel_size,
         )
         if system in ("keras_hub", "keras_hub_eager"):
             from vllm_keras_hub import KerasHubLLM
 
             self.llm = KerasHubLLM(
                 f"keras_hub:{preset}",
-                enforce_eager=(system == "keras_hub_eager"),
+                enforce_eager=eager or system == "keras_hub_eager",
                 **kwargs,
             )
         else:
             self.llm = vllm.LLM(
-                hf_folder, enforce_eager=(system == "native_eager"), **kwargs
+                hf_folder, enforce_eager=eager or system == "native_eager", **kwargs
             )
         self.vllm = vllm
         self.text = text
@@ -134,6 +148,7 @@ class VllmSystem:
             ),
             "enforce_eager": self.llm.llm_engine.vllm_config.model_config.enforce_eager,
             "tensor_parallel_size": tensor_parallel_size,
+            "pipeline_parallel_size": pipeline_parallel_size,
         }
 
     def generate(self, requests):
@@ -261,6 +276,8 @@ def run_system(
     text,
     startup_only=False,
     tensor_parallel_size=1,
+    pipeline_parallel_size=1,
+    load_only=False,
 ):
     """One (system, dtype) in this process: start-up, then every scenario.
 
@@ -273,6 +290,10 @@ def run_system(
         text: Whether the model's prompts are text (else token ids).
         startup_only: Only start (and compile) the system.
         tensor_parallel_size: vLLM's, for the vLLM systems.
+        pipeline_parallel_size: vLLM's, for the vLLM systems.
+        load_only: Only start a vLLM system, eager and with a 64 MiB KV
+            cache, so each worker's peak RSS is what loading the weights
+            took (`load_worker_peak_rss_mb`).
     """
     import torch
 
@@ -303,8 +324,11 @@ def run_system(
             start = time.perf_counter()
             if system in VLLM_SYSTEMS:
                 engine = VllmSystem(
-                    system, dtype, hf_folder, preset, text, tensor_parallel_size
-                )
+                    system, dtype, hf_folder, preset, text,
+                    tensor_parallel_size, pipeline_parallel_size,
+                    **(dict(kv_cache_bytes=LOAD_KV_CACHE_BYTES, eager=True)
+                       if load_only else {}),
+                )  # fmt: skip
             elif system == "keras_generate":
                 engine = KerasGenerateSystem(dtype, preset, text)
             else:
@@ -316,6 +340,12 @@ def run_system(
             result["peak_rss_mb"] = None
             return result
         result["config"] = engine.config_notes
+        if load_only:
+            engine.close()
+            result["load_worker_peak_rss_mb"] = {
+                title: peak / 2**20 for title, peak in sorted(rss.workers.values())
+            }
+            return result
         if startup_only:
             engine.close() if hasattr(engine, "close") else None
             result["peak_rss_mb"] = None
