@@ -89,6 +89,7 @@ def serve(model, vllm_argv):
     from vllm.logger import configure_logging_from_args
 
     from vllm_keras_hub.config import LOAD_FORMAT
+    from vllm_keras_hub.config import check_hybrid_settings
     from vllm_keras_hub.config import check_parallelism
     from vllm_keras_hub.llm import default_kv_cache_bytes
     from vllm_keras_hub.lora import adapter_loader_config
@@ -117,6 +118,14 @@ def serve(model, vllm_argv):
             args.pipeline_parallel_size,
             args.enable_expert_parallel,
         )
+        if folder.family.hybrid:
+            check_hybrid_settings(
+                speculative=args.speculative_config is not None,
+                mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
+                mamba_cache_dtype=args.mamba_cache_dtype,
+                mamba_cache_mode=args.mamba_cache_mode,
+                enable_lora=args.enable_lora,
+            )
         args.model = args.model_tag = folder.path
         if args.load_format == "auto":
             args.load_format = LOAD_FORMAT

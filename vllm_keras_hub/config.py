@@ -11,6 +11,8 @@ from transformers import PretrainedConfig
 
 MODEL_TYPE = "keras_hub_torch"
 ARCHITECTURE = "KerasHubForCausalLM"
+# The model class of presets that mix attention with recurrent-state layers.
+HYBRID_ARCHITECTURE = "KerasHubHybridForCausalLM"
 # The load format that builds a KerasHub model from its preset (`loader.py`).
 LOAD_FORMAT = "keras_hub"
 # The tokenizer mode under which keras-hub's own `KerasHubTokenizer` serves a
@@ -61,6 +63,37 @@ class KerasHubConfig(PretrainedConfig):
         super().__init__(**kwargs)
 
 
+# What a Gated DeltaNet layer's state takes, as Qwen3.5's backbone config
+# and Hugging Face's name it: vLLM sizes state pages from these.
+_LINEAR_ATTENTION_FIELDS = (
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
+
+
+def hybrid_fields(backbone_config):
+    """The `config.json` fields of a hybrid preset; `{}` for attention only.
+
+    The architecture is `HYBRID_ARCHITECTURE`, `layer_types` says which
+    layers attend (`"full_attention"`) and which keep a Gated DeltaNet
+    state (`"linear_attention"`), and the `linear_*` fields size that state.
+    """
+    if "linear_num_key_heads" not in backbone_config:
+        return {}
+    layer_types = backbone_config.get("layer_types") or [
+        # `Qwen3_5Backbone`'s default: every 4th layer attends.
+        "linear_attention" if (i + 1) % 4 else "full_attention"
+        for i in range(backbone_config["num_layers"])
+    ]
+    if "linear_attention" not in layer_types:
+        return {}
+    fields = {name: int(backbone_config[name]) for name in _LINEAR_ATTENTION_FIELDS}
+    return dict(architectures=[HYBRID_ARCHITECTURE], layer_types=list(layer_types), **fields)
+
+
 def register_config():
     """Teaches transformers' `AutoConfig` our model type. Re-entrant."""
     try:
@@ -75,7 +108,13 @@ class UnsupportedParallelismError(ValueError):
 
 # Backbone class -> why it cannot be cut into pipeline stages
 # (`pipeline.py`): more than the hidden states crosses between its layers.
+_HYBRID_STAGES = (
+    "its Gated DeltaNet layers' state layers are not placed in pipeline "
+    "stages yet"
+)
 PIPELINE_REFUSALS = {
+    "Qwen3_5Backbone": _HYBRID_STAGES,
+    "Qwen3_5MoeBackbone": _HYBRID_STAGES,
     "Gemma3nBackbone": (
         "its layers pass a stack of AltUp hidden states and per-layer "
         "inputs from layer to layer, not one hidden state"
@@ -133,4 +172,63 @@ def check_parallelism(
             f"not mapped to vLLM's parallel linear layers. Families that are: "
             f"{mapped}. Serve it with tensor_parallel_size=1, or scale out "
             "with --data-parallel-size."
+        )
+
+
+class UnsupportedHybridConfigError(ValueError):
+    """An engine setting hybrid (Gated DeltaNet) presets cannot be served with."""
+
+
+def check_hybrid_settings(
+    speculative=False,
+    mamba_ssm_cache_dtype="auto",
+    mamba_cache_dtype="auto",
+    mamba_cache_mode=None,
+    enable_lora=False,
+):
+    """Raises for engine settings a hybrid preset's state cannot be served with.
+
+    Checked before the engine starts (`KerasHubLLM`, `serve`) and again by
+    the hybrid model class, for plain `vllm` commands.
+
+    Args:
+        speculative: Whether speculative decoding is configured.
+        mamba_ssm_cache_dtype: vLLM's `mamba_ssm_cache_dtype`.
+        mamba_cache_dtype: vLLM's `mamba_cache_dtype`.
+        mamba_cache_mode: vLLM's `mamba_cache_mode`, or `None` if unset.
+        enable_lora: vLLM's `enable_lora`.
+
+    Raises:
+        UnsupportedHybridConfigError: naming the setting and why.
+    """
+    if speculative:
+        raise UnsupportedHybridConfigError(
+            "Speculative decoding is not supported for KerasHub's hybrid "
+            "(Gated DeltaNet) presets: rolling back rejected draft tokens "
+            "needs vLLM's wider speculative state layout, which their state "
+            "layers do not implement. Serve without --speculative-config."
+        )
+    # vLLM's CPU platform itself turns "auto" into "float32" for GDN models.
+    if mamba_ssm_cache_dtype not in (None, "auto", "float32"):
+        raise UnsupportedHybridConfigError(
+            f"mamba_ssm_cache_dtype={mamba_ssm_cache_dtype!r} is not supported: "
+            "KerasHub keeps a Gated DeltaNet layer's recurrent state in "
+            "float32, and served output must equal the preset's own."
+        )
+    if mamba_cache_dtype not in (None, "auto"):
+        raise UnsupportedHybridConfigError(
+            f"mamba_cache_dtype={mamba_cache_dtype!r} is not supported: KerasHub "
+            "keeps a Gated DeltaNet layer's convolution window in the model's "
+            "dtype."
+        )
+    if mamba_cache_mode not in (None, "none", "align"):
+        raise UnsupportedHybridConfigError(
+            f"mamba_cache_mode={mamba_cache_mode!r} is not supported for Gated "
+            "DeltaNet layers: prefix caching runs in 'align' mode."
+        )
+    if enable_lora:
+        raise UnsupportedHybridConfigError(
+            "LoRA adapters per request (--enable-lora) are not supported for "
+            "hybrid (Gated DeltaNet) presets yet. Merge one adapter at load "
+            "instead (--lora-weights)."
         )

@@ -28,6 +28,8 @@ class Family:
             ranks (`layers/parallel_linear.py`); set where `parallel_test.py`
             proves it (Llama shares Llama3's layers, Qwen 2 is proven
             through the server).
+        hybrid: Whether some layers keep a recurrent state in vLLM's state
+            cache instead of a KV cache (`layers/state_routes.py`).
     """
 
     name: str
@@ -37,6 +39,7 @@ class Family:
     stop_tokens: tuple[str, ...] = ()
     unsupported_reason: str = ""
     tensor_parallel: bool = False
+    hybrid: bool = False
 
 
 FAMILIES = (
@@ -86,21 +89,11 @@ FAMILIES = (
         "gemma3n", "Gemma3n", "Gemma3nBackbone", "vllm_keras_hub", ("<end_of_turn>",)
     ),
     Family("gemma4", "Gemma4", "Gemma4Backbone", "vllm_keras_hub", ("<turn|>",)),
+    # Hybrid: Gated DeltaNet layers keep their state in vLLM's state cache
+    # (layers/state_routes.py); every 4th layer attends.
+    Family("qwen3_5", "Qwen3.5", "Qwen3_5Backbone", "vllm_keras_hub", hybrid=True),
     Family(
-        "qwen3_5",
-        "Qwen3.5",
-        "Qwen3_5Backbone",
-        None,
-        (),
-        "Gated DeltaNet layers keep recurrent state, not a KV cache",
-    ),
-    Family(
-        "qwen3_5_moe",
-        "Qwen3.5-MoE",
-        "Qwen3_5MoeBackbone",
-        None,
-        (),
-        "Gated DeltaNet layers keep recurrent state, not a KV cache",
+        "qwen3_5_moe", "Qwen3.5-MoE", "Qwen3_5MoeBackbone", "vllm_keras_hub", hybrid=True
     ),
     Family(
         "rwkv7",

@@ -25,6 +25,8 @@ def test_routed_families_are_keras_hub_routes_and_ours():
         "GPT-OSS",
         "Gemma3n",
         "Gemma4",
+        "Qwen3.5",
+        "Qwen3.5-MoE",
     ]
 
 

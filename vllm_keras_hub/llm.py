@@ -15,6 +15,7 @@ backend.default_to_torch()
 from vllm_keras_hub import lora_adapters  # noqa: E402
 from vllm_keras_hub.config import LOAD_FORMAT  # noqa: E402
 from vllm_keras_hub.config import check_parallelism  # noqa: E402
+from vllm_keras_hub.config import check_hybrid_settings  # noqa: E402
 from vllm_keras_hub.lora import adapter_loader_config  # noqa: E402
 from vllm_keras_hub.plugin import register  # noqa: E402
 from vllm_keras_hub.preset_folder import ModelFolder  # noqa: E402
@@ -99,6 +100,14 @@ class KerasHubLLM(vllm.LLM):
                     kwargs.get("pipeline_parallel_size"),
                     kwargs.get("enable_expert_parallel", False),
                 )
+                if self.model_folder.family.hybrid:
+                    check_hybrid_settings(
+                        speculative=kwargs.get("speculative_config") is not None,
+                        mamba_ssm_cache_dtype=kwargs.get("mamba_ssm_cache_dtype"),
+                        mamba_cache_dtype=kwargs.get("mamba_cache_dtype"),
+                        mamba_cache_mode=kwargs.get("mamba_cache_mode"),
+                        enable_lora=kwargs.get("enable_lora", False),
+                    )
                 if kwargs.get("enable_lora"):
                     lora_adapters.check_lora_serving(
                         kwargs.get("tensor_parallel_size"),

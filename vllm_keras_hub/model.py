@@ -1,14 +1,17 @@
 """The vLLM model class that runs a KerasHub preset's own layers.
 
 `KerasHubForCausalLM` holds the preset's KerasHub backbone (Keras on torch, so
-its layers are `torch.nn.Module`s), one vLLM `Attention` per transformer
-layer and one vLLM `FusedMoE` per MoE block. Each forward step publishes
-keras-hub's serving context: every routed KerasHub attention layer projects
-q/k/v, applies its own position encoding at vLLM's per-token positions and
-hands q/k/v to keras-hub's paged-attention bridge, which calls the layer's
-vLLM `Attention` (`layers/attention.py`); every MoE block routes with its own
-router and hands its experts to its `FusedMoE` (`layers/moe.py`).
-Everything else stays KerasHub.
+its layers are `torch.nn.Module`s), one vLLM `Attention` per attending
+transformer layer, one vLLM state layer per Gated DeltaNet layer and one vLLM
+`FusedMoE` per MoE block. Each forward step publishes keras-hub's serving
+context: every routed KerasHub attention layer projects q/k/v, applies its
+own position encoding at vLLM's per-token positions and hands q/k/v to
+keras-hub's paged-attention bridge, which calls the layer's vLLM `Attention`
+(`layers/attention.py`); every Gated DeltaNet layer hands its tokens to its
+state layer, over vLLM's state cache (`layers/state_routes.py`); every MoE
+block routes with its own router and hands its experts to its `FusedMoE`
+(`layers/moe.py`). Everything else stays KerasHub. Hybrid presets are served
+by the `hybrid.py` subclass, which tells vLLM their state's shapes.
 
 The backbone's layers call their own `call()` directly
 (`compile/direct_calls.py`), so vLLM's default mode can compile the whole
@@ -50,6 +53,7 @@ from vllm_keras_hub.layers import lora_linear
 from vllm_keras_hub.layers import moe
 from vllm_keras_hub.layers import moe_routes
 from vllm_keras_hub.layers import parallel_linear
+from vllm_keras_hub.layers import state_routes
 from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
 from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
 from vllm_keras_hub.loader import backbone_dtype
@@ -125,6 +129,8 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         self.attention = nn.ModuleList()
         self.moe = nn.ModuleList()
         self.moe_blocks = []
+        # One vLLM state layer per recurrent-state layer (hybrid presets).
+        self.states = nn.ModuleList()
         # vLLM's parallel linear layers holding this rank's shards, and
         # the vocabulary-parallel output head (tensor parallelism only).
         self.parallel_linears = nn.ModuleList()
@@ -178,6 +184,7 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
                 "LoRA adapter %s (rank %d): %d layers merged into their kernels",
                 lora_weights, rank, lora.merge_lora(backbone),
             )  # fmt: skip
+        state_layers = state_routes.install(stage.layers)
         attention_layers.install(backbone, self.family)
         moe_blocks = moe_routes.install(
             backbone, stage.layers if stage.size > 1 else None
@@ -194,18 +201,26 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
             )
             self.parallel_linears = nn.ModuleList(linears)
             self.moe = nn.ModuleList(
-                moe_routes.build_experts(
+                moe.build_experts(
                     moe_blocks, f"{self.prefix}moe.", model_config.dtype, weights
                 )
             )
         self.moe_blocks = moe_blocks
         weights.finish()
+        # Loaded weights: a state layer on vLLM's kernels copies small ones.
+        with set_current_vllm_config(self.vllm_config), torch.device(device):
+            self.states = nn.ModuleList(
+                state_routes.build(
+                    state_layers, f"{self.prefix}state.", model_config.dtype, stage.start
+                )
+            )
         if self.vllm_config.lora_config is not None:
             with set_current_vllm_config(self.vllm_config), torch.device(device):
                 self.lora_layers = self._lora_layers(backbone, moe_blocks)
         routes = probe.run(stage)
         probe.check_attention_routes(routes, stage.layers, self._name)
         probe.check_moe_routes(routes, moe_blocks, self._name)
+        probe.check_state_routes(routes, state_layers, self._name)
         probe.check_kv_sharing(routes.specs)
         if current_platform.is_cpu():
             self.cpu_gemm_layers = use_vllm_cpu_gemm(
@@ -215,13 +230,14 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
                 "%d KerasHub matmul layers run on vLLM's CPU GEMM",
                 self.cpu_gemm_layers,
             )
+        attending = attention_layers.attention_indices(stage.layers)
         with set_current_vllm_config(self.vllm_config), torch.device(device):
             self.attention = nn.ModuleList(
                 attention_layers.build(
                     routes.specs,
                     f"{self.prefix}attention.",
                     self.vllm_config.cache_config,
-                    first_index=stage.start,
+                    [stage.start + index for index in attending],
                 )
             )
         self.backbone = backbone
@@ -283,7 +299,7 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         hidden = None
         if not self.stage.first:
             hidden = intermediate_tensors["hidden_states"]
-        routed, experts_routed = [], []
+        routed, experts_routed, states_routed = [], [], []
 
         def paged_attention(attention, query, key, value, *args, **kwargs):
             routed.append(attention)
@@ -299,11 +315,19 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
             experts_routed.append(block)
             return self.moe[block._vllm_moe_index](hidden_states, routing)
 
-        with vllm_context_scope(
-            paged_attention_func=paged_attention,
-            positions=positions,
-            kv_caches=self.attention,
-        ), moe.experts_scope(experts):
+        def state_step(layer, hidden_states):
+            states_routed.append(layer._vllm_state_index)
+            return self.states[layer._vllm_state_index](layer, hidden_states)
+
+        with (
+            vllm_context_scope(
+                paged_attention_func=paged_attention,
+                positions=positions,
+                kv_caches=self.attention,
+            ),
+            moe.experts_scope(experts),
+            state_routes.state_scope(state_step),
+        ):
             hidden_states = self.stage.packed_forward(input_ids, positions, hidden)
         # A step that routed differently from the start-up probe (a layer
         # that fell back to its own attention) must not return; under
@@ -322,6 +346,12 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
                 f"{self._name}: {len(experts_routed)} expert calls to vLLM in "
                 f"this step for {len(self.moe)} MoE blocks, not one per block "
                 "in order; serving it would give wrong output."
+            )
+        if states_routed != list(range(len(self.states))):
+            raise RouteError(
+                f"{self._name}: {len(states_routed)} state-layer calls to vLLM "
+                f"in this step for {len(self.states)} Gated DeltaNet layers, not "
+                "one per layer in order; serving it would give wrong output."
             )
         if not self.stage.last:
             return IntermediateTensors({"hidden_states": hidden_states})

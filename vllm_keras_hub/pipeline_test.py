@@ -147,8 +147,8 @@ def test_untied_head_is_held_by_the_last_stage_only(presets):
     assert last_embedding.reverse_embeddings.value.numel() > 0
 
 
-@pytest.mark.parametrize("family", ["gemma3n", "gemma4"])
-def test_families_that_pass_more_than_hidden_states_are_refused(presets, family):
+@pytest.mark.parametrize("family", ["gemma3n", "gemma4", "qwen3_5", "qwen3_5_moe"])
+def test_families_that_cannot_be_cut_are_refused(presets, family):
     backbone = unloaded_backbone(presets(family), "float32")
     with pytest.raises(UnsupportedParallelismError, match="cannot be served with pipeline"):
         pipeline.stage(backbone, 0, 2)

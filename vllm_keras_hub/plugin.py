@@ -8,6 +8,7 @@ built (see `backend.py` for why that matters).
 """
 
 ARCHITECTURE_CLASS = "vllm_keras_hub.model:KerasHubForCausalLM"
+HYBRID_ARCHITECTURE_CLASS = "vllm_keras_hub.hybrid:KerasHubHybridForCausalLM"
 
 
 def register():
@@ -26,8 +27,13 @@ def register():
     # keras-hub's own entry point may have failed to import Keras just before.
     backend.forget_failed_keras_import()
     config.register_config()
-    if config.ARCHITECTURE not in ModelRegistry.get_supported_archs():
+    supported = ModelRegistry.get_supported_archs()
+    if config.ARCHITECTURE not in supported:
         ModelRegistry.register_model(config.ARCHITECTURE, ARCHITECTURE_CLASS)
+    if config.HYBRID_ARCHITECTURE not in supported:
+        ModelRegistry.register_model(
+            config.HYBRID_ARCHITECTURE, HYBRID_ARCHITECTURE_CLASS
+        )
     # For tokenizers that cannot be exported exactly: keras-hub's own adapter.
     TokenizerRegistry.register(
         config.KERAS_HUB_TOKENIZER_MODE, "keras_hub.src.vllm.tokenizer", "KerasHubTokenizer"

@@ -240,12 +240,15 @@ def write_model_folder(preset, directory, max_model_len=None):
         keras_hub_preset=preset,
         keras_hub_family=family.name,
         keras_hub_config_digest=config_digest(backbone_config),
-        architectures=[config_lib.ARCHITECTURE],
         eos_token_id=stop_ids[0],
         bos_token_id=tokenizer.start_token_id,
         pad_token_id=getattr(tokenizer, "pad_token_id", None),
         torch_dtype=weights_dtype(backbone_config),
-        **dims,
+        **{
+            "architectures": [config_lib.ARCHITECTURE],
+            **dims,
+            **config_lib.hybrid_fields(backbone_config),
+        },
     )
     model_config.save_pretrained(directory)
 

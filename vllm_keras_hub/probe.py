@@ -17,6 +17,8 @@ import torch
 from keras_hub.src.vllm.context import vllm_context_scope
 
 from vllm_keras_hub.layers import moe
+from vllm_keras_hub.layers import state_routes
+from vllm_keras_hub.layers.attention import attention_indices
 
 
 class RouteError(RuntimeError):
@@ -63,11 +65,14 @@ class Probe:
         attention_layers: The KerasHub attention layer that routed for each.
         moe_blocks: The MoE blocks that handed their experts to vLLM, in
             call order.
+        state_layers: The recurrent-state layers that handed their tokens
+            to their state layer, in call order.
     """
 
     specs: list
     attention_layers: list
     moe_blocks: list
+    state_layers: list = dataclasses.field(default_factory=list)
 
 
 def _routing_attention_layer():
@@ -141,9 +146,17 @@ def run(stage):
         probe.moe_blocks.append(block)
         return torch.zeros_like(hidden_states)
 
+    def record_state(layer, hidden_states):
+        probe.state_layers.append(layer)
+        return torch.zeros_like(hidden_states)
+
     input_ids = torch.zeros(1, dtype=torch.int64)
     hidden = None if stage.first else torch.zeros(1, stage.hidden_size)
-    with torch.inference_mode(), moe.experts_scope(record_experts):
+    with (
+        torch.inference_mode(),
+        moe.experts_scope(record_experts),
+        state_routes.state_scope(record_state),
+    ):
         with vllm_context_scope(
             paged_attention_func=record_attention,
             positions=torch.zeros_like(input_ids),
@@ -163,7 +176,10 @@ def _layer_owners(layers):
 
 
 def check_attention_routes(probe, layers, name):
-    """Raises `RouteError` unless layer i, and only it, routed i-th.
+    """Raises `RouteError` unless the attending layers each routed once, in order.
+
+    Layers whose token mixer keeps a recurrent state have no attention
+    (`check_state_routes`).
 
     Args:
         probe: What `run` recorded.
@@ -172,10 +188,11 @@ def check_attention_routes(probe, layers, name):
     """
     owners = _layer_owners(layers)
     routed = [owners.get(id(caller)) for caller in probe.attention_layers]
-    expected = list(range(len(layers)))
+    expected = attention_indices(layers)
     if routed == expected:
         return
     missing = [i for i in expected if i not in routed]
+    unexpected = [i for i in routed if i is not None and i not in expected]
     repeated = sorted({i for i in routed if i is not None and routed.count(i) > 1})
     problems = []
     if missing:
@@ -184,13 +201,37 @@ def check_attention_routes(probe, layers, name):
         problems.append(
             "routed more than once: " + ", ".join(layers[i].name for i in repeated)
         )
+    if unexpected:
+        problems.append(
+            "attended where a recurrent state is kept: "
+            + ", ".join(layers[i].name for i in unexpected)
+        )
     if None in routed or not problems:
         problems.append(f"dispatch order was {routed}")
     raise RouteError(
-        f"{name}: {len(layers)} transformer layers must each hand attention "
+        f"{name}: {len(expected)} transformer layers must each hand attention "
         f"to vLLM exactly once, in order, but some "
         + "; ".join(problems)
         + ". Serving them would give wrong output."
+    )
+
+
+def check_state_routes(probe, routed, name):
+    """Raises `RouteError` unless each state layer handed its tokens once, in order.
+
+    Args:
+        probe: What `run` recorded.
+        routed: What `state_routes.install` returned.
+        name: The model, for the message.
+    """
+    layers = [layer for _, layer in routed]
+    if [id(layer) for layer in probe.state_layers] == [id(layer) for layer in layers]:
+        return
+    raise RouteError(
+        f"{name}: each of {len(layers)} Gated DeltaNet layers must hand its "
+        f"tokens to its vLLM state layer exactly once, in order, but "
+        f"{[layer.name for layer in probe.state_layers]} did. Serving it "
+        "would give wrong output."
     )
 
 

@@ -34,6 +34,8 @@ def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidd
         return _gemma4(backbone, token_ids, padding_mask, positions)
     if name == "Gemma3Backbone" and not backbone.text_only_model:
         return _gemma3_vision(backbone, token_ids, padding_mask, layers, hidden)
+    if name in ("Qwen3_5Backbone", "Qwen3_5MoeBackbone") and not backbone.text_only_model:
+        return _qwen3_5_vision(backbone, token_ids, padding_mask)
     return backbone(
         {"token_ids": token_ids, "padding_mask": padding_mask}, training=False
     )
@@ -51,6 +53,15 @@ def _gemma3_vision(backbone, token_ids, padding_mask, layers=None, hidden=None):
         x = layer(x, padding_mask=padding_mask, vision_mask=None)
     if end < len(backbone.transformer_layers):
         return x
+    return backbone.layer_norm(x)
+
+
+def _qwen3_5_vision(backbone, token_ids, padding_mask):
+    # `Qwen3_5Backbone`'s graph without images (its `__call__` would run the
+    # vision encoder on none): token embeddings, the layers, the final norm.
+    x = backbone.token_embedding(token_ids)
+    for layer in backbone.transformer_layers:
+        x = layer(x, decoder_padding_mask=padding_mask)
     return backbone.layer_norm(x)
 
 

@@ -15,6 +15,7 @@ from keras_hub.src.vllm.context import get_vllm_context
 
 from vllm_keras_hub.layers import attention_routes as routes
 from vllm_keras_hub.layers import attention_routes_gemma as gemma
+from vllm_keras_hub.layers import state_routes
 
 
 def transformer_layers(backbone):
@@ -55,6 +56,7 @@ ROUTES = {
     "QwenMoeAttention": routes.qwen_moe,
     "Qwen3Attention": routes.qwen3,
     "Qwen3MoeAttention": routes.qwen3,
+    "Qwen3_5Attention": routes.qwen3_5,
     "SmolLM3Attention": routes.smollm3,
     "Phi3Attention": routes.phi3,
     "BloomAttention": routes.bloom,
@@ -133,12 +135,18 @@ def _routed_call(self, *args, **kwargs):
 
 
 def _attention_layer(transformer_layer):
-    """The one sublayer of `transformer_layer` that has a route in `ROUTES`."""
+    """The one sublayer of `transformer_layer` that has a route in `ROUTES`.
+
+    `None` for a transformer layer whose token mixer keeps a recurrent
+    state instead (`state_routes.py`).
+    """
     found = [
         layer
         for layer in transformer_layer._flatten_layers(include_self=False)
         if type(layer).__name__ in ROUTES
     ]
+    if not found and state_routes.state_layer(transformer_layer) is not None:
+        return None
     if len(found) != 1:
         raise ValueError(
             f"Expected one attention layer with a route in "
@@ -146,6 +154,15 @@ def _attention_layer(transformer_layer):
             f"{[type(layer).__name__ for layer in found]}."
         )
     return found[0]
+
+
+def attention_indices(transformer_layers):
+    """Indices of the layers among `transformer_layers` that attend."""
+    return [
+        index
+        for index, block in enumerate(transformer_layers)
+        if state_routes.state_layer(block) is None
+    ]
 
 
 def install(backbone, family):
@@ -161,14 +178,16 @@ def install(backbone, family):
         return
     if family.route != "vllm_keras_hub":
         raise ValueError(f"{family.display_name} has no route to install.")
-    layers = [_attention_layer(block) for block in transformer_layers(backbone)]
+    blocks = transformer_layers(backbone)
+    layers = [_attention_layer(block) for block in blocks]
     targets = [None] * len(layers)
-    kv_sharing_targets = KV_SHARING_TARGETS.get(type(layers[0]).__name__)
+    first = next(layer for layer in layers if layer is not None)
+    kv_sharing_targets = KV_SHARING_TARGETS.get(type(first).__name__)
     if kv_sharing_targets is not None:
         targets = kv_sharing_targets(backbone)
-    for transformer_layer, layer, target in zip(
-        transformer_layers(backbone), layers, targets, strict=True
-    ):
+    for transformer_layer, layer, target in zip(blocks, layers, targets, strict=True):
+        if layer is None:
+            continue
         layer._vllm_kv_sharing_target = target
         alibi_slopes = ALIBI_SLOPES.get(type(layer).__name__)
         if alibi_slopes is not None:
@@ -184,19 +203,19 @@ def install(backbone, family):
         layer.call = types.MethodType(_routed_call, layer)
 
 
-def build(specs, prefix, cache_config, first_index=0):
-    """One vLLM `Attention` per transformer layer, from the probe's specs.
+def build(specs, prefix, cache_config, indices):
+    """One vLLM `Attention` per attending transformer layer, from the probe's specs.
 
     Call inside `set_current_vllm_config`: each registers itself with the
     engine under `{prefix}{index}`, `index` the layer's index in the
     backbone, and vLLM orders KV caches by that index.
 
     Args:
-        specs: The probe's `AttentionSpec` per transformer layer of this
-            pipeline stage.
+        specs: The probe's `AttentionSpec` per attending transformer layer
+            of this pipeline stage.
         prefix: The layers' name prefix, e.g. `"attention."`.
         cache_config: The engine's `CacheConfig`.
-        first_index: The backbone's index of the stage's first layer.
+        indices: The backbone's index of each spec's layer.
 
     Raises:
         ValueError: a head size the platform's attention kernel cannot run
@@ -206,7 +225,7 @@ def build(specs, prefix, cache_config, first_index=0):
     from vllm.model_executor.layers.attention import Attention
 
     layers = []
-    for index, spec in enumerate(specs, start=first_index):
+    for index, spec in zip(indices, specs, strict=True):
         target = spec.kv_sharing_target
         layer = Attention(
             spec.num_heads,

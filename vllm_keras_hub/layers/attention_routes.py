@@ -159,6 +159,44 @@ def qwen3(layer, hidden_states, positions):
     return layer._output_dense(output)
 
 
+def qwen3_5(layer, hidden_states, positions):
+    # `Qwen3_5Attention` (Qwen3.5's full-attention layers): the query
+    # projection carries a per-head output gate beside each head's query;
+    # q/k RMSNorm, then RoPE on the first `rotary_dim` features only. The
+    # window, as for Qwen3, only on the non-fused path `generate()` never
+    # takes on torch.
+    def rotate(x):
+        if layer.rotary_dim == layer.head_dim:
+            return layer.rotary_embedding_layer(x, positions=positions)
+        rotated = layer.rotary_embedding_layer(
+            x[..., : layer.rotary_dim], positions=positions
+        )
+        return ops.concatenate((rotated, x[..., layer.rotary_dim :]), axis=-1)
+
+    query_and_gate = layer._query_dense(hidden_states)
+    query = rotate(layer._query_norm(query_and_gate[..., : layer.head_dim]))
+    gate = query_and_gate[..., layer.head_dim :]
+    key = rotate(layer._key_norm(layer._key_dense(hidden_states)))
+    value = layer._value_dense(hidden_states)
+    sliding_window = layer.sliding_window_size or None
+    if fused_attention_op_available():
+        sliding_window = None
+    output = vllm_paged_attention(
+        query,
+        key,
+        value,
+        layer._inv_norm_factor,
+        num_kv_heads=layer.num_key_value_heads,
+        sliding_window=sliding_window,
+    )
+    num_tokens = ops.shape(hidden_states)[0]
+    output = ops.reshape(output, (num_tokens, 1, -1)) * ops.sigmoid(
+        ops.reshape(gate, (num_tokens, 1, -1))
+    )
+    output = ops.reshape(output, (num_tokens, 1, layer.num_query_heads, layer.head_dim))
+    return layer._output_dense(output)
+
+
 def smollm3(layer, hidden_states, positions):
     # `SmolLM3Attention`: Dense q/k/v reshaped to heads; no RoPE on NoPE
     # layers (`use_rope` False, every 4th layer in SmolLM3-3B).

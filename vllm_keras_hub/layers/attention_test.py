@@ -8,6 +8,7 @@ from keras_hub.src.vllm.context import vllm_context_scope
 from vllm_keras_hub import families
 from vllm_keras_hub.layers import attention
 from vllm_keras_hub.layers import attention_routes
+from vllm_keras_hub.layers import state_routes
 from vllm_keras_hub.layers.attention import transformer_layers
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import backbone_kwargs
@@ -102,20 +103,29 @@ def hidden_states(backbone, token_ids, positions=None):
         return keras.ops.convert_to_numpy(backbone(inputs, training=False))
 
 
+def whole_sequence_state(layer, hidden_states):
+    """A Gated DeltaNet layer's own `call` on one request's packed rows."""
+    rows = hidden_states.shape
+    output = type(layer).call(layer, hidden_states.reshape(1, rows[0], rows[-1]))
+    return output.reshape(rows)
+
+
 def served_hidden_states(backbone, paged_attention, token_ids=None):
     """One serving step with attention answered by `paged_attention`.
 
     The tokens (default `1..NUM_TOKENS`) are fed one per row at positions
-    `0..`, as the serving model feeds vLLM's packed tokens.
+    `0..`, as the serving model feeds vLLM's packed tokens. A hybrid
+    backbone's Gated DeltaNet layers run their own `call` on the sequence.
     """
     if token_ids is None:
         token_ids = np.arange(1, NUM_TOKENS + 1)
     num_tokens = len(token_ids)
+    state_routes.install(transformer_layers(backbone))
     with vllm_context_scope(
         paged_attention_func=paged_attention,
         positions=torch.arange(num_tokens),
         kv_caches=kv_caches(backbone),
-    ):
+    ), state_routes.state_scope(whole_sequence_state):
         return hidden_states(
             backbone, np.asarray(token_ids)[:, None], np.arange(num_tokens)[:, None]
         )
@@ -139,12 +149,14 @@ def test_install_routes_these_instances_only(family):
     before = hidden_states(backbone, token_ids)
     attention.install(backbone, family_of(family))
     attention_layers = [
-        attention._attention_layer(layer) for layer in transformer_layers(backbone)
+        attention._attention_layer(transformer_layers(backbone)[i])
+        for i in attention.attention_indices(transformer_layers(backbone))
     ]
+    assert attention_layers
     assert all("call" in vars(layer) for layer in attention_layers)
     assert all("_compute_vllm_attention" in vars(layer) for layer in attention_layers)
     for layer in transformer_layers(other):
-        assert "call" not in vars(attention._attention_layer(layer))
+        assert "call" not in vars(attention._attention_layer(layer) or layer)
     # Outside a serving context the layers run their own code unchanged.
     np.testing.assert_array_equal(hidden_states(backbone, token_ids), before)
 

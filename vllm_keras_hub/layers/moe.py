@@ -156,3 +156,43 @@ def load(runner, weights):
         param.weight_loader(
             param, tensor.to(param.dtype), name, shard_id=shard_id, expert_id=expert_id
         )
+
+
+def build_experts(blocks, prefix, dtype, weights):
+    """A vLLM `FusedMoE` per routed block, holding the block's experts.
+
+    The experts go from the preset into vLLM's weight loader, which keeps
+    this rank's share; Keras never holds them. Call inside
+    `set_current_vllm_config`.
+
+    Args:
+        blocks: The routed blocks this rank serves, from `install`.
+        prefix: Name prefix of the `FusedMoE` layers, e.g. `"moe."`.
+        dtype: The experts' torch dtype.
+        weights: The backbone's `PresetWeights`.
+
+    Returns:
+        The `MoERunner`s, one per block; each block records its index.
+    """
+    from vllm.logger import init_logger
+
+    from vllm_keras_hub.layers.moe_routes import route_of
+
+    runners = []
+    for index, block in enumerate(blocks):
+        route = route_of(block)
+        runner = build(
+            route.spec(block),
+            f"{prefix}{index}",
+            dtype,
+            expert_scale=route.expert_scale(block, weights.read),
+        )
+        load(runner, route.weights(block, weights.read))
+        weights.release(route.variables(block))
+        block._vllm_moe_index = index
+        runners.append(runner)
+    if runners:
+        init_logger(__name__).info(
+            "%d KerasHub MoE blocks run on vLLM's fused MoE", len(runners)
+        )
+    return runners

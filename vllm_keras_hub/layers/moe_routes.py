@@ -93,6 +93,20 @@ def _qwen_moe_call(self, hidden_states, attention_mask=None, training=None):
     return ops.reshape(out, shape), router_logits
 
 
+def _qwen3_5_moe_call(self, hidden_states, attention_mask=None, training=None):
+    # `Qwen3_5MoeSparseMoeBlock.call`: a sigmoid-gated shared expert (KerasHub's
+    # own layers, computed first), softmax top-k routing always normalised.
+    shape = ops.shape(hidden_states)
+    x = ops.reshape(hidden_states, (-1, self.hidden_dim))
+    shared = ops.sigmoid(self._shared_expert_gate(x)) * self.shared_expert(x)
+    router_logits = self._router_gate(x)
+    top_p, top_i = ops.top_k(ops.softmax(router_logits, axis=-1), k=self.top_k)
+    top_p = top_p / ops.sum(top_p, axis=-1, keepdims=True)
+    routing = _dense_routing(top_p, top_i, self.num_experts, x.dtype)
+    out = moe.fused_experts(self, x, routing) + shared
+    return ops.reshape(out, shape), router_logits
+
+
 def _mixtral_call(self, hidden_states, attention_mask=None, training=False):
     # Router jitter applies in training only.
     shape = ops.shape(hidden_states)
@@ -132,6 +146,13 @@ def _fused_gate_up_spec(block):
     _require_silu(block, block.expert_bank)
     return moe.MoESpec(
         block.num_experts, block.top_k, block.hidden_dim, block.intermediate_dim, "silu"
+    )
+
+
+def _qwen3_5_moe_spec(block):
+    # `Qwen3_5MoeExperts.call` gates with SiLU, fixed (no `activation`).
+    return moe.MoESpec(
+        block.num_experts, block.top_k, block.hidden_dim, block.moe_intermediate_dim, "silu"
     )
 
 
@@ -264,6 +285,12 @@ ROUTES = {
         _fused_gate_up_weights,
         _fused_gate_up_variables,
     ),
+    "Qwen3_5MoeSparseMoeBlock": MoERoute(
+        _qwen3_5_moe_call,
+        _qwen3_5_moe_spec,
+        _fused_gate_up_weights,
+        _fused_gate_up_variables,
+    ),
     "MixtralSparseMoeBlock": MoERoute(
         _mixtral_call, _mixtral_spec, _mixtral_weights, _mixtral_variables
     ),
@@ -278,44 +305,6 @@ ROUTES = {
         _gemma4_expert_scale,
     ),
 }
-
-
-def build_experts(blocks, prefix, dtype, weights):
-    """A vLLM `FusedMoE` per routed block, holding the block's experts.
-
-    The experts go from the preset into vLLM's weight loader, which keeps
-    this rank's share; Keras never holds them. Call inside
-    `set_current_vllm_config`.
-
-    Args:
-        blocks: The routed blocks this rank serves, from `install`.
-        prefix: Name prefix of the `FusedMoE` layers, e.g. `"moe."`.
-        dtype: The experts' torch dtype.
-        weights: The backbone's `PresetWeights`.
-
-    Returns:
-        The `MoERunner`s, one per block; each block records its index.
-    """
-    from vllm.logger import init_logger
-
-    runners = []
-    for index, block in enumerate(blocks):
-        route = route_of(block)
-        runner = moe.build(
-            route.spec(block),
-            f"{prefix}{index}",
-            dtype,
-            expert_scale=route.expert_scale(block, weights.read),
-        )
-        moe.load(runner, route.weights(block, weights.read))
-        weights.release(route.variables(block))
-        block._vllm_moe_index = index
-        runners.append(runner)
-    if runners:
-        init_logger(__name__).info(
-            "%d KerasHub MoE blocks run on vLLM's fused MoE", len(runners)
-        )
-    return runners
 
 
 def route_of(block):

@@ -19,7 +19,7 @@ from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import backbone_kwargs
 from vllm_keras_hub.testing.presets import randomize_constant_moe_weights
 
-MOE_FAMILIES = ["gemma4_moe", "gpt_oss", "mixtral", "qwen3_moe", "qwen_moe"]
+MOE_FAMILIES = ["gemma4_moe", "gpt_oss", "mixtral", "qwen3_5_moe", "qwen3_moe", "qwen_moe"]
 # The kernel sums the chosen experts in another order than KerasHub's
 # einsum over all of them.
 TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2}

@@ -235,7 +235,39 @@ TINY_FAMILIES = {
             final_logit_soft_cap=30.0,
         ),
     ),
+    # Hybrid: layers 0-2 Gated DeltaNet (2 key heads, 4 value heads of 64:
+    # the sizes vLLM's CPU GDN kernels take), layer 3 full attention with
+    # its output gate, q/k norms and RoPE on a quarter of each head.
+    "qwen3_5": (
+        "Qwen3_5CausalLM",
+        "Qwen3_5Backbone",
+        dict(
+            **_GQA,
+            num_layers=4,
+            head_dim=32,
+            sliding_window_size=WINDOW,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=64,
+            linear_value_head_dim=64,
+            linear_conv_kernel_dim=4,
+        ),
+    ),
 }
+# Qwen3.5-MoE: the same hybrid layers, each with a routed MoE block and a
+# sigmoid-gated shared expert.
+TINY_FAMILIES["qwen3_5_moe"] = (
+    "Qwen3_5MoeCausalLM",
+    "Qwen3_5MoeBackbone",
+    dict(
+        TINY_FAMILIES["qwen3_5"][2],
+        hidden_dim=128,
+        moe_intermediate_dim=64,
+        shared_expert_intermediate_size=128,
+        num_experts=4,
+        top_k=2,
+    ),
+)
 # Gemma4 26B-A4B style: every layer runs a dense MLP beside a routed MoE
 # block; KV-sharing layers get a double-wide MLP (E2B style).
 TINY_FAMILIES["gemma4_moe"] = (
@@ -254,7 +286,7 @@ TINY_FAMILIES["gemma4_moe"] = (
 # Backbone arguments that take the tokenizer's vocabulary size.
 _VOCABULARY_ARGS = {"gemma3n": ("text_vocab_size", "vocab_size_per_layer_input")}
 # Backbones whose kwargs above name all their dims (not `_COMMON`'s names).
-_OWN_DIMS = ("gemma3n", "gemma4", "gemma4_moe")
+_OWN_DIMS = ("gemma3n", "gemma4", "gemma4_moe", "qwen3_5_moe")
 
 # With small-init layers and the embeddings scaled by `logit_scale`, the
 # residual stream mostly echoes the input token: prompts ending in the same

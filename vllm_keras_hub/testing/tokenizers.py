@@ -104,6 +104,8 @@ _BPE_SPECIAL_TOKENS = {
     "qwen3": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
     "qwen_moe": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
     "qwen3_moe": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+    "qwen3_5": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+    "qwen3_5_moe": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
     "bloom": ("<s>", "</s>", "<pad>"),
     "falcon": ("<|endoftext|>",),
     "gpt_neox": ("<|endoftext|>",),
@@ -342,6 +344,13 @@ def make_tokenizer(family):
         "qwen3": keras_hub.tokenizers.Qwen3Tokenizer,
         "qwen_moe": keras_hub.tokenizers.QwenMoeTokenizer,
         "qwen3_moe": keras_hub.tokenizers.Qwen3MoeTokenizer,
+        # Text presets: no image and video tokens in the tiny vocabulary.
+        "qwen3_5": functools.partial(
+            keras_hub.tokenizers.Qwen3_5Tokenizer, has_vision_tokens=False
+        ),
+        "qwen3_5_moe": functools.partial(
+            keras_hub.tokenizers.Qwen3_5MoeTokenizer, has_vision_tokens=False
+        ),
         "smollm3": keras_hub.tokenizers.SmolLM3Tokenizer,
         "bloom": keras_hub.tokenizers.BloomTokenizer,
         "falcon": keras_hub.tokenizers.FalconTokenizer,
