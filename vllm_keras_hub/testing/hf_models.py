@@ -91,7 +91,34 @@ TINY_CONFIGS = {
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
     ),
+    # Hybrid: layers 0-2 Gated DeltaNet, layer 3 full attention (head size
+    # 64, which both vLLM's CPU attention and GDN kernels take).
+    "qwen3_5": (
+        "Qwen3_5TextConfig",
+        "qwen3_5",
+        dict(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=64,
+            linear_value_head_dim=64,
+            linear_conv_kernel_dim=4,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
+
+# The folder vLLM's native model reads, as keras-hub's converter reads it:
+# keras-hub 0.32 converts Qwen3.5 as the multimodal checkpoints are saved
+# (`model_type` "qwen3_5", weights under `model.language_model.`), where
+# transformers saves the text model as "qwen3_5_text" under `model.`.
+_LANGUAGE_MODEL_LAYOUT = {"qwen3_5": "qwen3_5"}
+TORCHVISION_STUB = os.path.join(os.path.dirname(__file__), "torchvision_stub")
 
 # Keys keras-hub 0.32's converters read that transformers 5 no longer
 # writes (it writes `num_local_experts` and `rope_parameters`).
@@ -152,6 +179,7 @@ def keras_hub_preset(family, hf_folder, preset_folder, tokenizer=None):
 
     from vllm_keras_hub.testing.tokenizers import make_tokenizer
 
+    hf_folder = _keras_hub_view(family, hf_folder)
     backbone = keras_hub.models.Backbone.from_preset(hf_folder)
     if tokenizer is None:
         tokenizer = make_tokenizer(TINY_CONFIGS[family][1])
@@ -162,6 +190,31 @@ def keras_hub_preset(family, hf_folder, preset_folder, tokenizer=None):
     causal_lm = causal_lm_class(backbone=backbone, preprocessor=preprocessor)
     causal_lm.save_to_preset(preset_folder)
     return preset_folder
+
+
+def _keras_hub_view(family, hf_folder):
+    """`hf_folder` as keras-hub's converter of `family` reads it (a sibling)."""
+    model_type = _LANGUAGE_MODEL_LAYOUT.get(family)
+    if model_type is None:
+        return hf_folder
+    from safetensors.torch import load_file
+    from safetensors.torch import save_file
+
+    view = hf_folder.rstrip("/") + "-keras-hub"
+    os.makedirs(view, exist_ok=True)
+    tensors = load_file(os.path.join(hf_folder, "model.safetensors"))
+    renamed = {
+        "model.language_model." + key.removeprefix("model.")
+        if key.startswith("model.")
+        else key: value
+        for key, value in tensors.items()
+    }
+    save_file(renamed, os.path.join(view, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(hf_folder, "config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(view, "config.json"), "w") as f:
+        json.dump({**config, "model_type": model_type}, f, indent=2)
+    return view
 
 
 def max_logit_difference(hf_folder, preset_folder, token_ids):
