@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from vllm_keras_hub.layers.linear import matmul_plan
-from vllm_keras_hub.layers.linear import packs
 from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.direct_calls_test import serving_step
@@ -14,12 +13,6 @@ from vllm_keras_hub.compile.direct_calls_test import tiny_gemma
 
 # Same math, another kernel library: float32 sums differ in the last bits.
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
-
-
-def moved(dtype, count):
-    """How many layers must move: all, unless vLLM's dispatch packs none of
-    `dtype` on this CPU (bfloat16 without AVX-512), as for its own layers."""
-    return count if packs(getattr(torch, dtype)) else 0
 
 
 @pytest.mark.parametrize(
@@ -77,9 +70,7 @@ def test_layers_match_keras_and_free_their_kernel(dtype):
 
     with torch.no_grad():
         expected = outputs()
-        assert sum(use_vllm_cpu_gemm(layer, outputs) for layer in layers) == moved(
-            dtype, 4
-        )
+        assert sum(use_vllm_cpu_gemm(layer, outputs) for layer in layers) == 4
         actual = outputs()
     for got, want in zip(actual, expected, strict=True):
         assert got.shape == want.shape and got.dtype == want.dtype
@@ -87,7 +78,7 @@ def test_layers_match_keras_and_free_their_kernel(dtype):
             got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype]
         )
     for layer in layers:
-        assert (layer._kernel.value.numel() == 0) == bool(moved(dtype, 1))
+        assert layer._kernel.value.numel() == 0
 
 
 def test_other_layers_keep_keras_matmul():
@@ -112,7 +103,7 @@ def test_backbone_matches_keras(dtype):
         use_direct_calls(backbone)
         # Per layer: q, k, v, output, gate, up, down.
         step = lambda: serving_step(backbone, 3)  # noqa: E731
-        assert use_vllm_cpu_gemm(backbone, step) == moved(dtype, 2 * 7)
+        assert use_vllm_cpu_gemm(backbone, step) == 2 * 7
         actual = serving_step(backbone, 7)
     torch.testing.assert_close(
         actual, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype]
@@ -161,14 +152,12 @@ def test_untied_output_embedding_moves_and_tied_stays(dtype):
         layer.build((None, None))
     with torch.no_grad():
         expected = untied(hidden, reverse=True), untied(token_ids)
-        assert use_vllm_cpu_gemm(untied, lambda: untied(token_ids)) == moved(dtype, 1)
+        assert use_vllm_cpu_gemm(untied, lambda: untied(token_ids)) == 1
         assert use_vllm_cpu_gemm(tied, lambda: tied(token_ids)) == 0
         actual = untied(hidden, reverse=True), untied(token_ids)
     tolerance = TOLERANCE[dtype]
     torch.testing.assert_close(actual[0], expected[0], rtol=tolerance, atol=tolerance)
     assert torch.equal(actual[1], expected[1])
-    if not moved(dtype, 1):
-        return
     assert untied.__dict__["reverse_embeddings"].value.numel() == 0
     with pytest.raises(RuntimeError, match="moved to vLLM's CPU GEMM"):
         untied.reverse_embeddings
