@@ -40,6 +40,9 @@ class Model:
             vLLM system.
         pipeline_parallel_size: vLLM's `pipeline_parallel_size` for every
             vLLM system.
+        native_env: Environment of the vLLM-native systems' workers beyond
+            the usual (vLLM's native Qwen3.5 needs the torchvision
+            stand-in of `testing/hf_models.py` on its path).
     """
 
     name: str
@@ -50,6 +53,7 @@ class Model:
     hf_config: tuple | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    native_env: tuple = ()
 
     @property
     def ranks(self):
@@ -108,6 +112,33 @@ _LLAMA_TP = dict(
     initializer_range=0.05,
 )
 
+# Qwen3.5's layout (3 Gated DeltaNet layers to each full-attention one;
+# 128-wide GDN heads, 2 value heads per key head; attention with 4x fewer
+# KV heads) at hidden 512, 8 layers. bfloat16: vLLM's CPU GDN kernels, which
+# vLLM native needs, take nothing else.
+_QWEN3_5 = dict(
+    hidden_size=512,
+    intermediate_size=1536,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=128,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    tie_word_embeddings=False,
+    vocab_size=32768,
+    initializer_range=0.05,
+)
+
+
+def _torchvision_stub():
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.join(here, "..", "vllm_keras_hub", "testing", "torchvision_stub")
+
+
 MODELS = {
     "smollm2": Model(
         "smollm2", "SmolLM2-135M-Instruct", True, _ALL_SYSTEMS, ("float32", "bfloat16")
@@ -136,6 +167,15 @@ MODELS = {
         ("float32",),
         ("llama", _LLAMA_TP),
         tensor_parallel_size=2,
+    ),
+    "qwen3_5": Model(
+        "qwen3_5",
+        "Qwen3.5 shape (8 layers, 6 Gated DeltaNet, random weights)",
+        False,
+        ("keras_hub", "native_compiled"),
+        ("bfloat16",),
+        ("qwen3_5", _QWEN3_5),
+        native_env=(("PYTHONPATH", _torchvision_stub()),),
     ),
     # SmolLM2's 30 layers, 15 a stage.
     "smollm2_pp2": Model(

@@ -102,6 +102,8 @@ TARGETS = {"qwen3_moe": _MOE_TARGETS, "mixtral": _MOE_TARGETS}
 # Peak RSS here is the whole tree: front end, engine core and both ranks.
 TARGETS["llama_tp2"] = _MOE_TARGETS
 TARGETS["smollm2_pp2"] = _MOE_TARGETS
+# Issue #19: Qwen3.5 at least 0.9x native.
+TARGETS["qwen3_5"] = _MOE_TARGETS
 TARGETS["smollm2"] = [
     ("tput_32", "native", "tput_32", 0.9, True),
     ("decode_ms_per_token", "native", "decode_ms_per_token", 1.15, False),

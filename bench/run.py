@@ -146,6 +146,7 @@ def run_compiled(system, argv, args, env):
     """
     root = env["VLLM_CACHE_ROOT"]
     start_only = argv + ["--startup-only"]
+    base_path = env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
     cold = run_worker(start_only, args.threads, args.timeout, args.verbose, env)
     saved = saved_compiles(root)
     r = run_worker(argv, args.threads, args.timeout, args.verbose, env)
@@ -154,7 +155,7 @@ def run_compiled(system, argv, args, env):
     r["restart_loaded_saved_compile"] = bool(saved) and saved_compiles(root) == saved
     if system == "native_compiled":
         saved = saved_compiles(root)
-        path = os.pathsep.join(p for p in (VLLM_LOAD_FIX, os.environ.get("PYTHONPATH")) if p)
+        path = os.pathsep.join(p for p in (VLLM_LOAD_FIX, base_path) if p)
         fixed = run_worker(start_only, args.threads, args.timeout, args.verbose,
                            {**env, "PYTHONPATH": path})
         r["startup_load_fixed_s"] = fixed.get("startup_s")
@@ -216,9 +217,13 @@ def run_model(model, args, size, start):
                                   args.verbose, env=tp_env)
                 r["load_worker_peak_rss_mb"] = load.get("load_worker_peak_rss_mb")
             else:
+                extra = dict(model.native_env) if system.startswith("native") else {}
                 with compile_cache(system) as env:
-                    r = run_compiled(system, argv, args, env) if env else run_worker(
-                        argv, args.threads, args.timeout, args.verbose)
+                    if env:
+                        r = run_compiled(system, argv, args, {**extra, **env})
+                    else:
+                        r = run_worker(argv, args.threads, args.timeout, args.verbose,
+                                       env=extra)
             r.setdefault("system", system)
             r.setdefault("label", SYSTEMS[system])
             r.setdefault("dtype", dtype)

@@ -294,20 +294,28 @@ def test_gemma4_task_logit_cap_reaches_the_logprobs(tmp_path):
 
 
 # The encoder each multimodal test preset carries, by its backbone attribute.
-MEDIA_ENCODERS = {"gemma3": "vision_encoder", "gemma4": "vision_encoder", "gemma3n": "audio_encoder"}
+MEDIA_ENCODERS = {
+    "gemma3": "vision_encoder",
+    "gemma4": "vision_encoder",
+    "gemma3n": "audio_encoder",
+    "qwen3_5": "vision_encoder",
+}
 
 
 @pytest.mark.parametrize("family", sorted(MULTIMODAL))
 def test_multimodal_presets_serve_text_as_generate(family, tmp_path):
     """Presets with media encoders (Gemma3's `gemma3_4b` and up, all
-    published Gemma3n and Gemma4 ones).
+    published Gemma3n, Gemma4 and Qwen3.5 ones).
 
     Their backbones' graphs demand image/audio inputs; serving runs their
-    text path, and matches `generate()` on text prompts. Images are not
-    served.
+    text path, and matches `generate()` (Qwen3.5: the full forward) on text
+    prompts. Images are not served.
     """
     preset = build_tiny_preset(family, str(tmp_path), multimodal=True)
-    expected = keras_hub_greedy(preset, PROMPTS, MAX_NEW_TOKENS)
+    oracle = keras_hub_greedy
+    if family in FULL_FORWARD_ORACLE:
+        oracle = keras_hub_greedy_full_forward
+    expected = oracle(preset, PROMPTS, MAX_NEW_TOKENS)
     with in_process_llm(f"keras_hub:{preset}") as llm:
         backbone = served_model(llm).backbone
         encoder = MEDIA_ENCODERS[family]

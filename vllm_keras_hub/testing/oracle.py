@@ -125,7 +125,17 @@ def keras_hub_greedy_full_forward(preset, prompts, max_new_tokens, dtype="float3
             if "position_ids" in input_names:  # Gemma4 takes positions.
                 inputs["position_ids"] = np.arange(token_ids.shape[1])[None]
             with torch.inference_mode():
-                logits = causal_lm(inputs, training=False)
+                if "vision_indices" in input_names:
+                    # Qwen3.5 with a vision encoder: its graph demands image
+                    # inputs, which its backbone's `__call__` adds, empty.
+                    backbone = causal_lm.backbone
+                    hidden = backbone(
+                        {k: torch.as_tensor(v) for k, v in inputs.items()},
+                        training=False,
+                    )
+                    logits = backbone.token_embedding(hidden, reverse=True)
+                else:
+                    logits = causal_lm(inputs, training=False)
             generated.append(int(np.argmax(keras.ops.convert_to_numpy(logits)[0, -1])))
         results.append((ids, generated))
     return results

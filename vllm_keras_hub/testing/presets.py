@@ -356,6 +356,27 @@ def _gemma4_vision_encoder(vocabulary_size):
     )
 
 
+def _qwen3_5_vision_encoder(vocabulary_size):
+    from keras_hub.src.models.qwen3_5.qwen3_5_vision_encoder import (
+        Qwen3_5VisionEncoder,
+    )
+
+    # As every published Qwen3.5 preset: a ViT merged to the text width.
+    return dict(
+        vision_encoder=Qwen3_5VisionEncoder(
+            depth=1,
+            hidden_size=32,
+            num_heads=2,
+            intermediate_size=64,
+            patch_size=8,
+            temporal_patch_size=2,
+            spatial_merge_size=2,
+            out_hidden_size=128,
+            num_position_embeddings=16,
+        )
+    )
+
+
 def _gemma3n_audio_encoder(vocabulary_size):
     from keras_hub.src.models.gemma3n.gemma3n_audio_encoder import (
         Gemma3nAudioEncoder,
@@ -396,6 +417,7 @@ MULTIMODAL = {
     "gemma3": _gemma3_vision_encoder,
     "gemma4": _gemma4_vision_encoder,
     "gemma3n": _gemma3n_audio_encoder,
+    "qwen3_5": _qwen3_5_vision_encoder,
 }
 
 
