@@ -15,6 +15,7 @@ import numpy as np
 
 from vllm_keras_hub.layers import attention
 from vllm_keras_hub.layers import moe_routes
+from vllm_keras_hub.testing.media_encoders import MULTIMODAL
 from vllm_keras_hub.testing.tokenizers import make_tokenizer
 
 WINDOW = 8
@@ -312,113 +313,6 @@ _TOKENIZER_FAMILY = {"gemma2": "gemma", "phi3_su": "phi3", "gemma4_moe": "gemma4
 # installed (for their image path) even for text; these presets carry their
 # tokenizer alone.
 NEEDS_TENSORFLOW = ("gemma3", "gemma3n", "gemma4", "gemma4_moe")
-
-
-def _gemma3_vision_encoder(vocabulary_size):
-    from keras_hub.src.models.gemma3.gemma3_vision_encoder import (
-        Gemma3VisionEncoder,
-    )
-
-    # As `gemma3_4b` and up: a SigLIP encoder pooled to the text width.
-    return dict(
-        image_size=32,
-        vision_encoder=Gemma3VisionEncoder(
-            image_size=32,
-            patch_size=8,
-            num_heads=2,
-            hidden_dim=32,
-            num_layers=1,
-            intermediate_dim=64,
-            output_dim=_COMMON["hidden_dim"],
-            pool_size=2,
-        ),
-    )
-
-
-def _gemma4_vision_encoder(vocabulary_size):
-    from keras_hub.src.models.gemma4.gemma4_vision_encoder import (
-        Gemma4VisionEncoder,
-    )
-
-    return dict(
-        image_size=32,
-        vision_encoder=Gemma4VisionEncoder(
-            image_size=32,
-            patch_size=8,
-            num_heads=2,
-            hidden_dim=32,
-            num_layers=1,
-            intermediate_dim=64,
-            head_dim=16,
-            output_dim=128,
-            pool_size=2,
-        ),
-    )
-
-
-def _qwen3_5_vision_encoder(vocabulary_size):
-    from keras_hub.src.models.qwen3_5.qwen3_5_vision_encoder import (
-        Qwen3_5VisionEncoder,
-    )
-
-    # As every published Qwen3.5 preset: a ViT merged to the text width.
-    return dict(
-        vision_encoder=Qwen3_5VisionEncoder(
-            depth=1,
-            hidden_size=32,
-            num_heads=2,
-            intermediate_size=64,
-            patch_size=8,
-            temporal_patch_size=2,
-            spatial_merge_size=2,
-            out_hidden_size=128,
-            num_position_embeddings=16,
-        )
-    )
-
-
-def _gemma3n_audio_encoder(vocabulary_size):
-    from keras_hub.src.models.gemma3n.gemma3n_audio_encoder import (
-        Gemma3nAudioEncoder,
-    )
-
-    # Gemma3nBackbone's docstring example, with the encoder's argument names.
-    encoder = Gemma3nAudioEncoder(
-        hidden_size=8,
-        input_feat_size=32,
-        sscp_conv_channel_size=[4, 8],
-        sscp_conv_kernel_size=[(3, 3), (3, 3)],
-        sscp_conv_stride_size=[(2, 2), (2, 2)],
-        sscp_conv_group_norm_eps=1e-5,
-        num_hidden_layers=1,
-        rms_norm_eps=1e-6,
-        gradient_clipping=1.0,
-        residual_weight=0.5,
-        num_attention_heads=1,
-        attention_chunk_size=4,
-        num_attention_context_right=5,
-        num_attention_context_left=5,
-        attention_logit_cap=50.0,
-        conv_kernel_size=5,
-        reduction_factor=1,
-    )
-    # As in the published presets, the audio soft tokens are the vocabulary's
-    # last ids (the embedding processor embeds them with the audio embedder).
-    return dict(
-        audio_encoder_config=encoder.get_config(),
-        audio_vocab_offset=vocabulary_size - 64,
-        audio_vocab_size=64,
-    )
-
-
-# Families whose published presets carry media encoders -> the backbone
-# arguments adding a tiny one (Gemma3, Gemma4: images; Gemma3n: audio).
-MULTIMODAL = {
-    "gemma3": _gemma3_vision_encoder,
-    "gemma4": _gemma4_vision_encoder,
-    "gemma3n": _gemma3n_audio_encoder,
-    "qwen3_5": _qwen3_5_vision_encoder,
-}
 
 
 def backbone_kwargs(family, vocabulary_size, multimodal=False):
