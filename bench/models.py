@@ -9,6 +9,7 @@
   checked to give transformers' logits (`testing/hf_models.py`). Their
   tokenizer is the family's tiny test one, so prompts are token ids, and
   generated ids are not detokenized (the vocabulary is wider).
+- `qwen3_5`: the same for Qwen3.5's hybrid Gated DeltaNet layout, bfloat16.
 
 Everything is made once and cached under `~/.cache/vllm-keras-hub/bench`,
 keyed by the model's settings.
@@ -22,6 +23,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+
+from vllm_keras_hub.testing import hf_models
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +45,7 @@ class Model:
             vLLM system.
         native_env: Environment of the vLLM-native systems' workers beyond
             the usual (vLLM's native Qwen3.5 needs the torchvision
-            stand-in of `testing/hf_models.py` on its path).
+            stand-in, `hf_models.TORCHVISION_STUB`, on its path).
     """
 
     name: str
@@ -134,11 +137,6 @@ _QWEN3_5 = dict(
 )
 
 
-def _torchvision_stub():
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.join(here, "..", "vllm_keras_hub", "testing", "torchvision_stub")
-
-
 MODELS = {
     "smollm2": Model(
         "smollm2", "SmolLM2-135M-Instruct", True, _ALL_SYSTEMS, ("float32", "bfloat16")
@@ -175,7 +173,7 @@ MODELS = {
         ("keras_hub", "native_compiled"),
         ("bfloat16",),
         ("qwen3_5", _QWEN3_5),
-        native_env=(("PYTHONPATH", _torchvision_stub()),),
+        native_env=(("PYTHONPATH", hf_models.TORCHVISION_STUB),),
     ),
     # SmolLM2's 30 layers, 15 a stage.
     "smollm2_pp2": Model(

@@ -20,7 +20,7 @@ from vllm_keras_hub.testing.oracle import keras_hub_greedy_full_forward
 from vllm_keras_hub.testing.presets import build_tiny_preset
 
 PROMPTS = ["a", "Hello there", "The quick brown fox jumps over the lazy dog."]
-# ~300 tokens: several of KerasHub's 64-token delta-rule chunks, and more
+# 408 tokens: several of KerasHub's 64-token delta-rule chunks, and more
 # than one block of the prefix cache (256 tokens for this preset).
 LONG_PROMPT = " ".join(f"word{i} and then" for i in range(60))
 MAX_NEW_TOKENS = 8

@@ -53,6 +53,14 @@ def paged_attention(
         context.paged_attention_func = paged_attention_func
 
 
+def partial_rotary(rotary, x, rotary_dim, positions):
+    """`rotary` at per-token `positions` on the first `rotary_dim` features."""
+    if rotary_dim >= x.shape[-1]:
+        return rotary(x, positions=positions)
+    rotated = rotary(x[..., :rotary_dim], positions=positions)
+    return ops.concatenate((rotated, x[..., rotary_dim:]), axis=-1)
+
+
 def mixtral(layer, hidden_states, positions):
     # `CachedMixtralAttention`: a copy of Mistral's with public sublayers.
     query = layer.rotary_embedding_layer(
@@ -166,12 +174,7 @@ def qwen3_5(layer, hidden_states, positions):
     # window, as for Qwen3, only on the non-fused path `generate()` never
     # takes on torch.
     def rotate(x):
-        if layer.rotary_dim == layer.head_dim:
-            return layer.rotary_embedding_layer(x, positions=positions)
-        rotated = layer.rotary_embedding_layer(
-            x[..., : layer.rotary_dim], positions=positions
-        )
-        return ops.concatenate((rotated, x[..., layer.rotary_dim :]), axis=-1)
+        return partial_rotary(layer.rotary_embedding_layer, x, layer.rotary_dim, positions)
 
     query_and_gate = layer._query_dense(hidden_states)
     query = rotate(layer._query_norm(query_and_gate[..., : layer.head_dim]))
@@ -348,10 +351,7 @@ def gpt_neox(layer, hidden_states, positions):
     value = query_key_value[..., 2 * size :]
 
     def rotate(x):
-        rotated = layer.rotary_embedding_layer(
-            x[..., : layer.rotary_dim], positions=positions
-        )
-        return ops.concatenate((rotated, x[..., layer.rotary_dim :]), axis=-1)
+        return partial_rotary(layer.rotary_embedding_layer, x, layer.rotary_dim, positions)
 
     output = vllm_paged_attention(
         rotate(query), rotate(key), value, layer._inv_norm_factor
@@ -365,12 +365,9 @@ def gpt_oss(layer, hidden_states, positions):
     # `GptOssAttention`: GQA with biases, YaRN RoPE on the first `_rotary_dim`
     # features, learned sinks, a sliding window on odd layers.
     def rotate(x):
-        if layer._rotary_dim < layer._head_dim:
-            rotated = layer.rotary_embedding_layer(
-                x[..., : layer._rotary_dim], positions=positions
-            )
-            return ops.concatenate((rotated, x[..., layer._rotary_dim :]), axis=-1)
-        return layer.rotary_embedding_layer(x, positions=positions)
+        return partial_rotary(
+            layer.rotary_embedding_layer, x, layer._rotary_dim, positions
+        )
 
     # KerasHub's window keeps keys with `key_position >= query_position -
     # sliding_window`: `sliding_window + 1` tokens, query included (HF's GPT-OSS

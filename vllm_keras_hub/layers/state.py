@@ -312,7 +312,6 @@ class GatedDeltaNetState(nn.Module, MambaBase):
 def _keras_gated_delta_net(
     hidden_states: torch.Tensor, output: torch.Tensor, layer_name: LayerNameType
 ) -> None:
-
     context = get_forward_context()
     state = context.no_compile_layers[_resolve_layer_name(layer_name)]
     if context.attn_metadata is None:  # profiling and dummy steps: no slots
