@@ -109,7 +109,9 @@ def matmul_weight(layer):
 def _packed_matmul(self, inputs):
     packed = self._packed_kernel
     batch_shape = inputs.shape[: inputs.ndim - packed.contracted_rank]
-    x = packed.matmul(inputs.reshape(-1, packed.in_size))
+    # vLLM's oneDNN GEMM needs unit-stride rows; a vision encoder hands
+    # some layers transposed (strided) activations.
+    x = packed.matmul(inputs.reshape(-1, packed.in_size).contiguous())
     return x.reshape(*batch_shape, *packed.out_shape)
 
 
