@@ -75,6 +75,41 @@ GEMMA_TEMPLATE = r"""{{- bos_token }}
     {{- '<start_of_turn>model\n' }}
 {%- endif %}"""
 
+# google/gemma-3-*-it with images: as GEMMA_TEMPLATE, and a message whose
+# content is a list of parts renders each image part as `<start_of_image>`
+# where it stands and each text part trimmed, with nothing between them, as
+# the official template does. vLLM then hands the template the parts.
+GEMMA3_TEMPLATE = r"""{{- bos_token }}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set first_user_prefix = messages[0]['content'] + '\n\n' %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set first_user_prefix = '' %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}
+    {{- '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}
+    {%- if message['content'] is string %}
+        {{- message['content'] | trim }}
+    {%- else %}
+        {%- for part in message['content'] %}
+            {%- if part['type'] == 'image' %}
+                {{- '<start_of_image>' }}
+            {%- elif part['type'] == 'text' %}
+                {{- part['text'] | trim }}
+            {%- endif %}
+        {%- endfor %}
+    {%- endif %}
+    {{- '<end_of_turn>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<start_of_turn>model\n' }}
+{%- endif %}"""
+
 # google/gemma-4-*-it, text only, thinking off, no tools: turns open with
 # `<|turn>ROLE\n` and close with `<turn|>` (the stop token Gemma4CausalLM's
 # generate() adds), and the model turn is "model". Unlike Gemma 1-3, a system
@@ -276,7 +311,7 @@ _QWEN3 = ChatFormat(QWEN3_TEMPLATE, ("<|im_end|>",))
 # metadata system turn and reasoning modes, GPT-OSS's harmony, Qwen3.5).
 _CHAT_FORMATS = {
     "gemma": _GEMMA,
-    "gemma3": _GEMMA,
+    "gemma3": ChatFormat(GEMMA3_TEMPLATE, ("<end_of_turn>",)),
     "gemma3n": _GEMMA,
     "gemma4": ChatFormat(GEMMA4_TEMPLATE, ("<turn|>",)),
     "llama": ChatFormat(LLAMA2_TEMPLATE, ("</s>",)),

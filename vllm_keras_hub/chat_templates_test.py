@@ -249,12 +249,34 @@ def test_forbidden_conversations_raise_the_template_message(
         _render(family_name, messages)
 
 
-def test_vllm_passes_string_content():
+def test_vllm_passes_string_content_and_gemma3_parts():
     from vllm.renderers.hf import _detect_content_format
 
     for family_name in EXPECTED:
         template = chat_templates.chat_format(family_name).template
-        assert _detect_content_format(template, default="openai") == "string"
+        # Gemma3 takes a message's parts, to put images where they stand.
+        expected = "openai" if family_name == "gemma3" else "string"
+        assert _detect_content_format(template, default="openai") == expected
+
+
+def test_gemma3_puts_an_image_part_where_it_stands():
+    import jinja2
+
+    template = jinja2.Environment().from_string(chat_templates.GEMMA3_TEMPLATE)
+    parts = [
+        {"type": "text", "text": "Look: "},
+        {"type": "image"},
+        {"type": "text", "text": " what is it?"},
+    ]
+    rendered = template.render(
+        bos_token="<bos>",
+        messages=[{"role": "user", "content": parts}],
+        add_generation_prompt=True,
+    )
+    assert rendered == (
+        "<bos><start_of_turn>user\nLook:<start_of_image>what is it?"
+        "<end_of_turn>\n<start_of_turn>model\n"
+    )
 
 
 def test_every_chat_format_has_turn_end_tokens():
