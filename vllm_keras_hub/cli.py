@@ -90,6 +90,8 @@ def serve(model, vllm_argv):
 
     from vllm_keras_hub.config import LOAD_FORMAT
     from vllm_keras_hub.config import check_hybrid_settings
+    from vllm_keras_hub.config import check_image_settings
+    from vllm_keras_hub.config import image_limit
     from vllm_keras_hub.config import check_parallelism
     from vllm_keras_hub.llm import default_kv_cache_bytes
     from vllm_keras_hub.lora import adapter_loader_config
@@ -125,6 +127,15 @@ def serve(model, vllm_argv):
                 mamba_cache_dtype=args.mamba_cache_dtype,
                 mamba_cache_mode=args.mamba_cache_mode,
                 enable_lora=args.enable_lora,
+            )
+        if folder.images:
+            if "--disable-chunked-mm-input" not in given:
+                args.disable_chunked_mm_input = True
+            check_image_settings(
+                image_limit(args.limit_mm_per_prompt),
+                args.enable_chunked_prefill is not False,
+                not args.disable_chunked_mm_input,
+                args.pipeline_parallel_size,
             )
         args.model = args.model_tag = folder.path
         if args.load_format == "auto":

@@ -16,6 +16,8 @@ from vllm_keras_hub import lora_adapters  # noqa: E402
 from vllm_keras_hub.config import LOAD_FORMAT  # noqa: E402
 from vllm_keras_hub.config import check_parallelism  # noqa: E402
 from vllm_keras_hub.config import check_hybrid_settings  # noqa: E402
+from vllm_keras_hub.config import check_image_settings  # noqa: E402
+from vllm_keras_hub.config import image_limit  # noqa: E402
 from vllm_keras_hub.lora import adapter_loader_config  # noqa: E402
 from vllm_keras_hub.plugin import register  # noqa: E402
 from vllm_keras_hub.preset_folder import ModelFolder  # noqa: E402
@@ -107,6 +109,14 @@ class KerasHubLLM(vllm.LLM):
                         mamba_cache_dtype=kwargs.get("mamba_cache_dtype"),
                         mamba_cache_mode=kwargs.get("mamba_cache_mode"),
                         enable_lora=kwargs.get("enable_lora", False),
+                    )
+                if self.model_folder.images:
+                    kwargs.setdefault("disable_chunked_mm_input", True)
+                    check_image_settings(
+                        image_limit(kwargs.get("limit_mm_per_prompt")),
+                        kwargs.get("enable_chunked_prefill", True) is not False,
+                        not kwargs["disable_chunked_mm_input"],
+                        kwargs.get("pipeline_parallel_size"),
                     )
                 if kwargs.get("enable_lora"):
                     lora_adapters.check_lora_serving(

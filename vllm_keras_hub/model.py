@@ -49,6 +49,7 @@ from vllm_keras_hub.compile.saved_compile import load_saved_compiles
 from vllm_keras_hub.config import LOAD_FORMAT
 from vllm_keras_hub.config import check_parallelism
 from vllm_keras_hub.layers import attention as attention_layers
+from vllm_keras_hub.layers import image_attention
 from vllm_keras_hub.layers import lora_linear
 from vllm_keras_hub.layers import moe
 from vllm_keras_hub.layers import moe_routes
@@ -65,7 +66,12 @@ logger = init_logger(__name__)
 
 # vLLM compiles `forward` (unless enforce_eager) with dynamic token counts.
 @support_torch_compile(
-    dynamic_arg_dims={"input_ids": 0, "positions": -1, "intermediate_tensors": 0}
+    dynamic_arg_dims={
+        "input_ids": 0,
+        "positions": -1,
+        "intermediate_tensors": 0,
+        "inputs_embeds": 0,
+    }
 )
 class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
     """A KerasHub `CausalLM` preset served by vLLM's model runner.
@@ -85,6 +91,9 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
             `KerasHubConfig`.
         prefix: Module prefix vLLM gives the model.
     """
+
+    # Whether `forward` takes `inputs_embeds` (presets served with images).
+    takes_embeddings = False
 
     def __init__(self, *, vllm_config, prefix=""):
         super().__init__()
@@ -141,6 +150,8 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         self._route_layers = []
         # Matmul layers moved to vLLM's prepacked CPU GEMM (`layers/linear.py`).
         self.cpu_gemm_layers = 0
+        # Image rows attend bidirectionally (`layers/image_attention.py`).
+        self.bidirectional_images = False
 
     @property
     def _name(self):
@@ -287,16 +298,17 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
             positions: `(num_tokens,)` absolute position of each token.
             intermediate_tensors: The previous stage's `hidden_states`, on
                 every stage but the first.
-            inputs_embeds: Precomputed embeddings; unsupported.
+            inputs_embeds: `(num_tokens, hidden_size)` embeddings in place
+                of `input_ids`, for presets served with images (`vision.py`).
 
         Returns:
             `(num_tokens, hidden_size)` final hidden states on the last
             stage; on the others, `IntermediateTensors` holding the hidden
             states for the next.
         """
-        if inputs_embeds is not None:
-            raise NotImplementedError("KerasHub models take token ids only.")
-        hidden = None
+        if inputs_embeds is not None and not self.takes_embeddings:
+            raise NotImplementedError("This KerasHub model takes token ids only.")
+        hidden = inputs_embeds
         if not self.stage.first:
             hidden = intermediate_tensors["hidden_states"]
         routed, experts_routed, states_routed = [], [], []
@@ -307,9 +319,11 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
             if attention.kv_sharing_target_layer_name is not None:
                 # It attends over its target's cache and writes none.
                 return attention, attention(query.to(dtype), None, None)
-            return attention, attention(
-                query.to(dtype), key.to(dtype), value.to(dtype)
-            )
+            query = query.to(dtype)
+            output = attention(query, key.to(dtype), value.to(dtype))
+            if self.bidirectional_images:
+                output = image_attention.attend_images(attention, query, output)
+            return attention, output
 
         def experts(block, hidden_states, routing):
             experts_routed.append(block)

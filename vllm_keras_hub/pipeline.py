@@ -77,14 +77,17 @@ class Stage:
             padding_mask: `(batch, length)` ones where a token is real.
             positions: `(batch, length)` position of each token.
             hidden: `(batch, length, hidden_size)` hidden states from the
-                previous stage; `None` on the first.
+                previous stage; on the first, the input embeddings of a
+                preset served with images, else `None`.
 
         Returns:
             `(batch, length, hidden_size)`: the backbone's final hidden
             states on the last stage, the input of the next stage on others.
         """
         if self.size == 1:
-            return text_forward(self.backbone, token_ids, padding_mask, positions)
+            return text_forward(
+                self.backbone, token_ids, padding_mask, positions, hidden=hidden
+            )
         if self.model is None:
             return text_forward(
                 self.backbone, token_ids, padding_mask, positions,
@@ -102,14 +105,18 @@ class Stage:
         vLLM's attention mixes tokens.
 
         Args:
-            input_ids: `(num_tokens,)` token ids.
+            input_ids: `(num_tokens,)` token ids; `None` with embeddings.
             positions: `(num_tokens,)` absolute position of each token.
             hidden: `(num_tokens, hidden_size)` from the previous stage, or
-                `None` on the first.
+                on the first the input embeddings (images), or `None`.
 
         Returns:
             `(num_tokens, hidden_size)` hidden states.
         """
+        if input_ids is None:  # Only the embeddings' rows count.
+            input_ids = torch.zeros(
+                positions.shape[-1], dtype=torch.int32, device=positions.device
+            )
         token_ids = input_ids.reshape(-1, 1)
         if hidden is not None:
             hidden = hidden.reshape(-1, 1, hidden.shape[-1])

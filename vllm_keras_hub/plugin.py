@@ -9,6 +9,7 @@ built (see `backend.py` for why that matters).
 
 ARCHITECTURE_CLASS = "vllm_keras_hub.model:KerasHubForCausalLM"
 HYBRID_ARCHITECTURE_CLASS = "vllm_keras_hub.hybrid:KerasHubHybridForCausalLM"
+VISION_ARCHITECTURE_CLASS = "vllm_keras_hub.vision:KerasHubVisionForCausalLM"
 
 
 def register():
@@ -35,6 +36,10 @@ def register():
             config.HYBRID_ARCHITECTURE, HYBRID_ARCHITECTURE_CLASS
         )
     # For tokenizers that cannot be exported exactly: keras-hub's own adapter.
+    if config.VISION_ARCHITECTURE not in supported:
+        ModelRegistry.register_model(
+            config.VISION_ARCHITECTURE, VISION_ARCHITECTURE_CLASS
+        )
     TokenizerRegistry.register(
         config.KERAS_HUB_TOKENIZER_MODE, "keras_hub.src.vllm.tokenizer", "KerasHubTokenizer"
     )

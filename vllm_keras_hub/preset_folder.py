@@ -248,6 +248,7 @@ def write_model_folder(preset, directory, max_model_len=None):
             "architectures": [config_lib.ARCHITECTURE],
             **dims,
             **config_lib.hybrid_fields(backbone_config),
+            **config_lib.image_fields(family.backbone, backbone_config, tokenizer),
         },
     )
     model_config.save_pretrained(directory)
@@ -363,7 +364,10 @@ class ModelFolder:
             raise
         self._finalizer = weakref.finalize(self, _release, self.path, marker)
         with open(os.path.join(self.path, "config.json")) as f:
-            self.family = families.family_by_name(json.load(f)["keras_hub_family"])
+            config = json.load(f)
+        self.family = families.family_by_name(config["keras_hub_family"])
+        # Served with images (`multimodal.py`).
+        self.images = "keras_hub_image" in config
 
     def cleanup(self):
         """Lets go of the folder now. Safe to call more than once."""

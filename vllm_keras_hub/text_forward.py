@@ -22,7 +22,8 @@ def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidd
         layers: `(start, end)`: run only these transformer layers, a
             pipeline stage of a backbone whose text path is a loop over its
             layers (Gemma3 vision presets); `pipeline.py` cuts the others.
-        hidden: The hidden states entering layer `start`, if not 0.
+        hidden: The hidden states entering layer `start`; at layer 0, the
+            input embeddings (a Gemma3 vision preset's, images merged in).
 
     Returns:
         `(batch, length, hidden_size)` hidden states.
@@ -46,7 +47,7 @@ def _gemma3_vision(backbone, token_ids, padding_mask, layers=None, hidden=None):
     # embeddings, the layers with no vision mask (causal), the final norm.
     start, end = layers or (0, len(backbone.transformer_layers))
     x = hidden
-    if start == 0:
+    if x is None:
         x = backbone.token_embedding(token_ids)
         x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
     for layer in backbone.transformer_layers[start:end]:

@@ -14,11 +14,15 @@ def _gemma3_vision_encoder(vocabulary_size):
         Gemma3VisionEncoder,
     )
 
-    # As `gemma3_4b` and up: a SigLIP encoder pooled to the text width.
+    # As `gemma3_4b` and up: a SigLIP encoder pooled to the text width; 16
+    # soft tokens per image. Images attend bidirectionally, exactly where
+    # they end within the sliding window (`multimodal.py`): a window of 128
+    # leaves room for a few images in a test prompt.
     return dict(
-        image_size=32,
+        image_size=64,
+        sliding_window_size=128,
         vision_encoder=Gemma3VisionEncoder(
-            image_size=32,
+            image_size=64,
             patch_size=8,
             num_heads=2,
             hidden_dim=32,
@@ -114,3 +118,41 @@ MULTIMODAL = {
     "gemma3n": _gemma3n_audio_encoder,
     "qwen3_5": _qwen3_5_vision_encoder,
 }
+
+
+def build_tiny_vision_preset(directory, seed=0, image_weight=30.0):
+    """A tiny Gemma3 preset with a vision encoder and an image converter.
+
+    Args:
+        directory: Where to save; created if missing.
+        seed: Weight initialisation seed.
+        image_weight: Factor on the encoder's output projection. Gemma3
+            scales text embeddings by sqrt(hidden) and image embeddings
+            not; random image embeddings would be too faint to change the
+            output, and a test could not tell images (or how they attend)
+            apart.
+
+    Returns:
+        `directory`.
+    """
+    import keras_hub
+    from keras_hub.src.models.gemma3.gemma3_image_converter import (
+        Gemma3ImageConverter,
+    )
+
+    from vllm_keras_hub.testing.presets import build_tiny_preset
+
+    build_tiny_preset("gemma3", directory, seed=seed, multimodal=True)
+    causal_lm = keras_hub.models.Gemma3CausalLM.from_preset(
+        directory, preprocessor=None
+    )
+    encoder = causal_lm.backbone.vision_encoder
+    projection = encoder.get_layer("vision_output_encoder").vision_input_projection
+    projection.kernel.assign(projection.kernel * image_weight)
+    causal_lm.save_to_preset(directory)
+    size = encoder.image_size
+    # As Gemma3's published converters: pixels to [-1, 1].
+    Gemma3ImageConverter(image_size=(size, size), scale=1 / 127.5, offset=-1.0).save_to_preset(
+        directory
+    )
+    return directory

@@ -139,3 +139,71 @@ def keras_hub_greedy_full_forward(preset, prompts, max_new_tokens, dtype="float3
             generated.append(int(np.argmax(keras.ops.convert_to_numpy(logits)[0, -1])))
         results.append((ids, generated))
     return results
+
+
+def keras_hub_greedy_with_images(preset, prompts, max_new_tokens):
+    """Greedy tokens of Gemma3's `generate()` on prompts with images.
+
+    Each prompt is prepared as `Gemma3CausalLMPreprocessor.generate_preprocess`
+    prepares it (it needs TensorFlow, so its steps are taken here with the
+    preset's own parts): every `<start_of_image>` in the text becomes
+    `\\n\\n<start_of_image>` + one `<img>` per soft token + `<end_of_image>\\n\\n`,
+    the text is tokenized whole after the start token, each image goes
+    through the preset's `ImageConverter`, and `vision_mask` and
+    `vision_indices` mark the `<img>` tokens. `generate()`'s function then
+    runs on each prompt alone, in float32, with no stop tokens.
+
+    Args:
+        preset: A Gemma3 preset with a vision encoder.
+        prompts: `(text, images)` pairs; `images` a list of PIL images.
+        max_new_tokens: Tokens to generate per prompt.
+
+    Returns:
+        A list of `(prompt_ids, generated_ids)` pairs of int lists.
+    """
+    from keras_hub.src.layers.preprocessing.image_converter import ImageConverter
+
+    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
+    converter = ImageConverter.from_preset(preset)
+    causal_lm = causal_lm_class(preset).from_preset(
+        preset, dtype="float32", preprocessor=None
+    )
+    causal_lm.compile(sampler="greedy")
+    generate_function = causal_lm.make_generate_function()
+    backbone = causal_lm.backbone
+    expansion = (
+        f"\n\n{tokenizer.start_of_image_token}"
+        + tokenizer.image_placeholder * backbone.num_vision_tokens_per_image
+        + f"{tokenizer.end_of_image_token}\n\n"
+    )
+    image_id = tokenizer.token_to_id(tokenizer.image_placeholder)
+    results = []
+    for text, images in prompts:
+        text = text.replace(tokenizer.start_of_image_token, expansion)
+        ids = [tokenizer.start_token_id]
+        ids += keras.ops.convert_to_numpy(tokenizer(text)).tolist()
+        token_ids = np.zeros((1, len(ids) + max_new_tokens), "int32")
+        token_ids[0, : len(ids)] = ids
+        padding_mask = token_ids != 0
+        padding_mask[0, : len(ids)] = True
+        size = backbone.image_size
+        pixels = np.zeros((1, len(images), size, size, 3), "float32")
+        for index, image in enumerate(images):
+            pixels[0, index] = keras.ops.convert_to_numpy(
+                converter(np.asarray(image.convert("RGB"), "float32"))
+            )
+        vision_mask = token_ids == image_id
+        inputs = {
+            "token_ids": token_ids,
+            "padding_mask": padding_mask,
+            "images": pixels,
+            "vision_mask": vision_mask.astype("int32"),
+            "vision_indices": np.nonzero(vision_mask[0])[0][None].astype("int32"),
+        }
+        outputs = generate_function(
+            {key: keras.ops.convert_to_tensor(value) for key, value in inputs.items()},
+            stop_token_ids=None,
+        )
+        generated = keras.ops.convert_to_numpy(outputs["token_ids"])[0]
+        results.append((ids, generated[len(ids) : len(ids) + max_new_tokens].tolist()))
+    return results

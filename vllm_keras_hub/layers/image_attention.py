@@ -1,0 +1,202 @@
+"""Bidirectional attention within each image, on vLLM's CPU attention.
+
+Gemma3 attends causally over text and bidirectionally within each image's
+soft tokens (`Gemma3DecoderBlock._compute_image_bidirectional_attention_mask`):
+an image token also sees the image tokens after it. vLLM 0.32's CPU
+attention has no such mask (its own Gemma3 serves images causally there).
+So each attention layer first runs as usual, causally, which also writes the
+step's keys and values to the paged cache; then the image rows are attended
+again with a second call of the same kernel, non-causal, each image's rows
+over the request's cache up to the image's last token. That is the preset's
+mask exactly when no sliding window cuts it: every image must end within the
+window (`multimodal.py` refuses one that does not), and vLLM must never
+split an image across steps (`disable_chunked_mm_input`).
+
+The image rows of a step come from `is_multimodal`, which vLLM hands the
+model's `embed_input_ids` before each step (`set_step`); the second call is
+the custom op `vllm_keras_hub::image_attention`, opaque to torch.compile.
+"""
+
+import dataclasses
+
+import torch
+from vllm.forward_context import get_forward_context
+from vllm.utils.torch_utils import LayerNameType
+from vllm.utils.torch_utils import _encode_layer_name
+from vllm.utils.torch_utils import _resolve_layer_name
+
+
+class ImageSplitError(RuntimeError):
+    """An image's tokens arrived in two steps; its attention cannot be exact."""
+
+
+@dataclasses.dataclass
+class _Step:
+    # `(num_tokens,)` bool on the CPU: True at image soft tokens.
+    is_image: object = None
+    # id(attention metadata) -> its image spans, computed once per step.
+    spans: dict = dataclasses.field(default_factory=dict)
+
+
+_STEP = _Step()
+
+
+def set_step(is_multimodal):
+    """Records which of the next step's tokens are image tokens.
+
+    Args:
+        is_multimodal: `(num_tokens,)` bool, or `None` for a text-only step.
+    """
+    is_image = None
+    if is_multimodal is not None and bool(is_multimodal.any()):
+        is_image = is_multimodal.to("cpu", torch.bool)
+    _STEP.is_image = is_image
+    _STEP.spans = {}
+
+
+def image_spans(is_image, query_start_loc, seq_lens):
+    """The image spans of a step: rows, and the context each attends.
+
+    Args:
+        is_image: `(num_tokens,)` bool, True at image tokens.
+        query_start_loc: `(num_requests + 1,)` each request's first row.
+        seq_lens: `(num_requests,)` each request's length after the step.
+
+    Returns:
+        A list of `(request, first_row, end_row, seq_len)`: rows
+        `[first_row, end_row)` are one image's tokens in this step, which
+        attend to the request's tokens `[0, seq_len)`, up to the image's end.
+
+    Raises:
+        ImageSplitError: an image's tokens continue past the step.
+    """
+    spans = []
+    starts = query_start_loc.tolist()
+    lengths = seq_lens.tolist()
+    flags = is_image.tolist()
+    for request, (first, end) in enumerate(zip(starts[:-1], starts[1:])):
+        row = first
+        while row < end:
+            if not flags[row]:
+                row += 1
+                continue
+            start = row
+            while row < end and flags[row]:
+                row += 1
+            if row == end:
+                # A prompt never ends in an image token (its end marker
+                # follows), so the image goes on in a later step.
+                raise ImageSplitError(
+                    "An image's tokens were scheduled over two steps, so its "
+                    "bidirectional attention cannot be computed exactly. "
+                    "Serve with --disable-chunked-mm-input."
+                )
+            position_of_end = lengths[request] - (end - row)
+            spans.append((request, start, row, position_of_end))
+    return spans
+
+
+def attend_images(attention, query, output):
+    """Re-attends the step's image rows of `attention`'s output.
+
+    Args:
+        attention: The layer's vLLM `Attention`.
+        query: `(num_tokens, heads * head_dim)` queries as it was given.
+        output: `(num_tokens, heads * head_dim)` its causal output; the
+            image rows are overwritten.
+
+    Returns:
+        `output`.
+    """
+    # Called in every step (whether a step has images is decided at run
+    # time, inside the op, not while torch.compile traces).
+    torch.ops.vllm_keras_hub.image_attention(
+        query, output, _encode_layer_name(attention.layer_name)
+    )
+    return output
+
+
+def _image_attention(
+    query: torch.Tensor, output: torch.Tensor, layer_name: LayerNameType
+) -> None:
+    from vllm import _custom_ops as ops
+
+    context = get_forward_context()
+    if context.attn_metadata is None or _STEP.is_image is None:
+        return
+    layer = context.no_compile_layers[_resolve_layer_name(layer_name)]
+    metadata = context.attn_metadata[layer.layer_name]
+    key = id(metadata)
+    if key not in _STEP.spans:
+        is_image = _STEP.is_image[: metadata.num_actual_tokens]
+        _STEP.spans[key] = image_spans(
+            is_image, metadata.query_start_loc.cpu(), metadata.seq_lens.cpu()
+        )
+    spans = _STEP.spans[key]
+    if not spans:
+        return
+    impl = layer.impl
+    rows = torch.cat([torch.arange(start, end) for _, start, end, _ in spans])
+    heads, head_dim = impl.num_heads, impl.head_size
+    queries = query.reshape(-1, heads, head_dim)[rows].contiguous()
+    result = torch.empty_like(queries)
+    lengths = [end - start for _, start, end, _ in spans]
+    query_start_loc = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0).int()
+    seq_lens = torch.tensor([length for *_, length in spans], dtype=torch.int32)
+    block_table = metadata.block_table[[request for request, *_ in spans]]
+    scheduler_metadata = ops.cpu_attn_get_scheduler_metadata(
+        num_reqs=len(spans),
+        num_heads=heads,
+        num_kv_heads=impl.num_kv_heads,
+        head_dim=head_dim,
+        seq_lens=seq_lens,
+        dtype=queries.dtype,
+        query_start_loc=query_start_loc,
+        causal=False,
+        sliding_window_size=-1,
+        isa=layer.isa,
+        enable_kv_split=False,
+        kv_cache_dtype=impl.kv_cache_dtype,
+    )
+    num_blocks, kv_heads, block_size, _ = layer.kv_cache.shape
+    kv_cache = layer.kv_cache.view(num_blocks, kv_heads, block_size * 2, -1)
+    key_cache, value_cache = kv_cache.chunk(2, dim=2)
+    ops.cpu_attention_with_kv_cache(
+        query=queries,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        output=result,
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
+        scale=impl.scale,
+        causal=False,
+        alibi_slopes=None,
+        sliding_window=-1,
+        block_table=block_table,
+        softcap=impl.logits_soft_cap,
+        scheduler_metadata=scheduler_metadata,
+        s_aux=None,
+        k_scale=layer._k_scale_float,
+        v_scale=layer._v_scale_float,
+        kv_cache_dtype=impl.kv_cache_dtype,
+    )
+    output.view(-1, heads, head_dim)[rows] = result.to(output.dtype)
+
+
+def _register_ops():
+    from torch.library import Library
+    from vllm.utils.torch_utils import direct_register_custom_op
+
+    library = Library("vllm_keras_hub", "FRAGMENT")
+    direct_register_custom_op(
+        op_name="image_attention",
+        op_func=_image_attention,
+        mutates_args=["output"],
+        fake_impl=lambda query, output, layer_name: None,
+        target_lib=library,
+    )
+    return library
+
+
+# The op lives as long as its library object.
+_LIBRARY = _register_ops()

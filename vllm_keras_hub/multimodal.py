@@ -1,0 +1,217 @@
+"""Images into a KerasHub preset through vLLM's multimodal processor.
+
+vLLM's front end turns each request's images into model inputs with the
+model's registered processor, before the engine schedules it. Ours does
+what the preset's own `CausalLMPreprocessor` does, with the preset's own
+parts and no Hugging Face processor:
+- the preset's `ImageConverter` resizes and rescales each image;
+- each image placeholder in the prompt expands as KerasHub expands it
+  (Gemma3: `\\n\\n<start_of_image>` + one `<img>` per soft token +
+  `<end_of_image>\\n\\n`), its newlines merged with the text around them
+  as KerasHub's tokenizer merges them (`expand_placeholders`);
+- vLLM's encoder cache, multimodal prefix-cache hashing and scheduler see
+  each image as the span of its soft tokens.
+
+`config.json` carries the image format (`config.image_fields`). The model
+class (`vision.py`) runs the vision encoder and merges its embeddings.
+"""
+
+import functools
+
+import torch
+from vllm.multimodal.processing import BaseDummyInputsBuilder
+from vllm.multimodal.processing.processor import BaseMultiModalProcessor
+from vllm.multimodal.processing.processor import BaseProcessingInfo
+from vllm.multimodal.processing.processor import PromptReplacement
+from vllm.multimodal.processing.processor import PromptUpdateDetails
+
+
+class ImageTooLateError(ValueError):
+    """An image whose bidirectional attention cannot be computed exactly."""
+
+
+@functools.lru_cache(maxsize=4)
+def _image_converter(preset):
+    from vllm_keras_hub.backend import default_to_torch
+
+    default_to_torch()
+    from keras_hub.src.layers.preprocessing.image_converter import ImageConverter
+
+    return ImageConverter.from_preset(preset)
+
+
+def to_pixels(preset, images):
+    """The preset's `ImageConverter` on `images`, as the model's input.
+
+    Args:
+        preset: The KerasHub preset.
+        images: PIL images (vLLM's parsed image items).
+
+    Returns:
+        `(num_images, size, size, 3)` float32 pixels.
+    """
+    import numpy as np
+    from keras import ops
+
+    converter = _image_converter(preset)
+    pixels = [
+        ops.convert_to_numpy(converter(np.asarray(image.convert("RGB"), "float32")))
+        for image in images
+    ]
+    return torch.from_numpy(np.stack(pixels)).float()
+
+
+def expand_placeholders(token_ids, tokenizer, image):
+    """The prompt's ids with each image placeholder expanded as KerasHub does.
+
+    KerasHub replaces each placeholder in the prompt's text, then tokenizes
+    the result whole (`Gemma3CausalLMPreprocessor`), so the expansion's
+    newlines merge with the text around them. Special tokens are split
+    points of both tokenizers, so each stretch of text between two of them
+    is decoded, given its newlines and encoded again, and special tokens
+    (the start token, turn markers) are kept as they are.
+
+    Args:
+        token_ids: The prompt's token ids.
+        tokenizer: vLLM's tokenizer of the preset.
+        image: The preset's `keras_hub_image` config.
+
+    Returns:
+        The expanded token ids.
+    """
+    vocab = tokenizer.get_vocab()
+    placeholder = vocab[image["placeholder"]]
+    span = (
+        [placeholder]
+        + [vocab[image["image_token"]]] * image["tokens_per_image"]
+        + [vocab[image["end_token"]]]
+    )
+    atomic = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
+    pieces, run = [], []
+    for token in [*token_ids, None]:
+        if token is not None and token not in atomic:
+            run.append(token)
+            continue
+        if run:
+            pieces.append(tokenizer.decode(run, skip_special_tokens=False))
+            run = []
+        if token == placeholder:
+            pieces += ["\n\n", span, "\n\n"]
+        elif token is not None:
+            pieces.append([token])
+    new_ids, text = [], ""
+    for piece in [*pieces, []]:
+        if isinstance(piece, str):
+            text += piece
+            continue
+        if text:
+            new_ids += tokenizer.encode(text, add_special_tokens=False)
+            text = ""
+        new_ids += piece
+    return new_ids
+
+
+class KerasHubProcessingInfo(BaseProcessingInfo):
+    """The preset's image format, from its `config.json`."""
+
+    @property
+    def image(self):
+        return self.get_hf_config().keras_hub_image
+
+    def get_hf_processor(self, **kwargs):
+        raise NotImplementedError(
+            "A KerasHub preset has no Hugging Face processor: its own "
+            "image converter preprocesses images."
+        )
+
+    def get_supported_mm_processor_kwargs(self):
+        return {"text_kwargs": set(), "images_kwargs": set()}
+
+    def get_supported_mm_limits(self):
+        return {"image": None}
+
+    def get_mm_max_tokens_per_item(self, seq_len, mm_counts):
+        return {"image": self.image["tokens_per_image"]}
+
+
+class KerasHubDummyInputsBuilder(BaseDummyInputsBuilder[KerasHubProcessingInfo]):
+    """Profiling inputs: placeholders and images of the encoder's size."""
+
+    def get_dummy_text(self, mm_counts):
+        return self.info.image["placeholder"] * mm_counts.get("image", 0)
+
+    def get_dummy_mm_data(self, seq_len, mm_counts, mm_options):
+        size = self.info.image["image_size"]
+        return {
+            "image": self._get_dummy_images(
+                width=size,
+                height=size,
+                num_images=mm_counts.get("image", 0),
+                overrides=mm_options.get("image"),
+            )
+        }
+
+
+class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo]):
+    """Pixels from the preset's converter; placeholders expanded as KerasHub does."""
+
+    def _call_hf_processor(self, hf_data, hf_kwargs):
+        from transformers.feature_extraction_utils import BatchFeature
+
+        preset = self.info.get_hf_config().keras_hub_preset
+        return BatchFeature({"pixel_values": to_pixels(preset, hf_data["images"])})
+
+    def _get_mm_fields_config(self, hf_inputs, hf_processor_mm_kwargs):
+        from vllm.multimodal.inputs import MultiModalFieldConfig
+
+        return {"pixel_values": MultiModalFieldConfig.batched("image")}
+
+    def _get_prompt_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs):
+        image = self.info.image
+        tokenizer = self.info.get_tokenizer()
+        vocab = tokenizer.get_vocab()
+        soft_token = vocab[image["image_token"]]
+        span = (
+            [vocab[image["placeholder"]]]
+            + [soft_token] * image["tokens_per_image"]
+            + [vocab[image["end_token"]]]
+        )
+        return [
+            PromptReplacement(
+                modality="image",
+                target=[vocab[image["placeholder"]]],
+                replacement=PromptUpdateDetails.select_token_id(span, soft_token),
+            )
+        ]
+
+    def apply(self, inputs, timing_ctx):
+        # Before vLLM's processor cache records the images as sent to the
+        # engine: a request refused later would leave the two caches apart,
+        # and the next request with the same image would fail.
+        self._check_window(inputs.prompt)
+        return super().apply(inputs, timing_ctx)
+
+    def _apply_prompt_updates(self, token_ids, mm_prompt_updates):
+        new_ids = expand_placeholders(token_ids, self.info.get_tokenizer(), self.info.image)
+        return new_ids, self._find_mm_placeholders(new_ids, mm_prompt_updates)
+
+    def _check_window(self, token_ids):
+        image = self.info.image
+        window = image.get("exact_within")
+        if window is None:
+            return
+        tokenizer = self.info.get_tokenizer()
+        soft_token = tokenizer.get_vocab()[image["image_token"]]
+        ids = expand_placeholders(token_ids, tokenizer, image)
+        ends = [i for i, token in enumerate(ids) if token == soft_token]
+        ends = ends[image["tokens_per_image"] - 1 :: image["tokens_per_image"]]
+        for index, end in enumerate(ends):
+            if end >= window:
+                raise ImageTooLateError(
+                    f"Image {index + 1} ends at prompt token {end + 1}, past "
+                    f"token {window}: this preset's images attend "
+                    "bidirectionally within its sliding window, which "
+                    "vLLM's CPU attention computes exactly only for images "
+                    f"that end within the first {window} tokens. Put images "
+                    "earlier in the prompt."
+                )

@@ -1,0 +1,132 @@
+"""Images served through vLLM's multimodal API: a Gemma3 preset with a vision encoder.
+
+The oracle is the preset's own `generate()` with images
+(`oracle.keras_hub_greedy_with_images`). The tiny preset's image embeddings
+are strong enough that different images, and attending within an image
+causally instead of bidirectionally, change the tokens.
+"""
+
+import numpy as np
+import pytest
+from PIL import Image
+from vllm import SamplingParams
+
+from vllm_keras_hub.config import UnsupportedImageServingError
+from vllm_keras_hub.layers import image_attention
+from vllm_keras_hub.llm import KerasHubLLM
+from vllm_keras_hub.multimodal import ImageTooLateError
+from vllm_keras_hub.testing.engines import in_process_llm
+from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
+from vllm_keras_hub.testing.oracle import keras_hub_greedy_with_images
+
+MAX_NEW_TOKENS = 8
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
+ENGINE = dict(limit_mm_per_prompt={"image": 2}, block_size=16)
+
+
+def _image(seed, height=40, width=50):
+    pixels = np.random.default_rng(seed).integers(0, 255, (height, width, 3), np.uint8)
+    return Image.fromarray(pixels)
+
+
+IMAGES = [_image(0), _image(1, 64, 30), _image(2, 20, 80)]
+# (text, images): 0, 1 and 2 images in one batch.
+PROMPTS = [
+    ("a <start_of_image> caption", [IMAGES[0]]),
+    ("Hello there", []),
+    ("two <start_of_image> and <start_of_image> compared", [IMAGES[1], IMAGES[2]]),
+    ("a <start_of_image> caption", [IMAGES[1]]),
+]
+
+
+def request(text, images):
+    if not images:
+        return text
+    return {"prompt": text, "multi_modal_data": {"image": images}}
+
+
+def assert_tokens(outputs, expected):
+    for output, (prompt_ids, generated) in zip(outputs, expected, strict=True):
+        assert output.prompt_token_ids == prompt_ids
+        assert list(output.outputs[0].token_ids) == generated
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory):
+    return build_tiny_vision_preset(str(tmp_path_factory.mktemp("gemma3_vision")))
+
+
+@pytest.fixture(scope="module")
+def expected(preset):
+    return keras_hub_greedy_with_images(preset, PROMPTS, MAX_NEW_TOKENS)
+
+
+# In-process engines share the process's distributed state, which closing
+# one tears down: the tests of this engine come before those starting
+# their own.
+@pytest.fixture(scope="module")
+def llm(preset):
+    with in_process_llm(f"keras_hub:{preset}", enable_prefix_caching=True, **ENGINE) as llm:
+        yield llm
+
+
+def test_images_in_a_batch_match_generate(llm, expected):
+    outputs = llm.generate([request(*p) for p in PROMPTS], GREEDY, use_tqdm=False)
+    assert_tokens(outputs, expected)
+    # The image decides the answer: the same text, another image.
+    assert expected[0][1] != expected[3][1]
+
+
+def test_the_same_image_again_is_served_from_the_prefix_cache(llm, preset):
+    """The cached blocks end inside the image: its last tokens attend again."""
+    image = _image(7)
+    prompts = [
+        ("Look at this picture carefully: <start_of_image> what is it?", [image]),
+        ("Look at this picture carefully: <start_of_image> and its colour?", [image]),
+    ]
+    expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
+    first = llm.generate([request(*prompts[0])], GREEDY, use_tqdm=False)
+    second = llm.generate([request(*prompts[1])], GREEDY, use_tqdm=False)
+    assert_tokens(first + second, expected)
+    positions = _image_positions(expected[1][0])
+    assert positions[0] < second[0].num_cached_tokens <= positions[-1]
+
+
+def _image_positions(ids):
+    # The image soft token is the most frequent id of these prompts.
+    soft = max(set(ids), key=ids.count)
+    return [i for i, token in enumerate(ids) if token == soft]
+
+
+def test_an_image_past_the_window_is_refused_and_serving_goes_on(llm, expected):
+    text = " ".join(["word"] * 110) + " <start_of_image> caption"
+    with pytest.raises(ImageTooLateError, match="past token 128"):
+        llm.generate([request(text, [IMAGES[0]])], GREEDY, use_tqdm=False)
+    outputs = llm.generate([request(*PROMPTS[0])], GREEDY, use_tqdm=False)
+    assert_tokens(outputs, expected[:1])
+
+
+def test_an_image_is_never_split_by_chunked_prefill(preset, expected):
+    """32 tokens a step would cut images; vLLM holds each image for one step."""
+    with in_process_llm(
+        f"keras_hub:{preset}", max_num_batched_tokens=32, enable_chunked_prefill=True, **ENGINE
+    ) as llm:
+        outputs = llm.generate([request(*p) for p in PROMPTS], GREEDY, use_tqdm=False)
+    assert_tokens(outputs, expected)
+    # The second image of the third prompt straddles a 32-token step.
+    positions = _image_positions(expected[2][0])[16:]
+    assert positions[0] // 32 != positions[-1] // 32
+
+
+def test_causal_attention_over_images_would_be_wrong(preset, expected, monkeypatch):
+    """Without the second, bidirectional pass the tokens differ."""
+    monkeypatch.setattr(image_attention, "attend_images", lambda a, q, output: output)
+    with in_process_llm(f"keras_hub:{preset}", **ENGINE) as llm:
+        outputs = llm.generate([request(*p) for p in PROMPTS], GREEDY, use_tqdm=False)
+    served = [list(o.outputs[0].token_ids) for o in outputs]
+    assert served != [tokens for _, tokens in expected]
+
+
+def test_chunked_images_are_refused_at_start_up(preset):
+    with pytest.raises(UnsupportedImageServingError, match="--disable-chunked-mm-input"):
+        KerasHubLLM(f"keras_hub:{preset}", disable_chunked_mm_input=False)
