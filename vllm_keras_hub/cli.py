@@ -91,8 +91,8 @@ def serve(model, vllm_argv):
     from vllm_keras_hub.config import LOAD_FORMAT
     from vllm_keras_hub.config import check_hybrid_settings
     from vllm_keras_hub.config import check_image_settings
-    from vllm_keras_hub.config import image_limit
     from vllm_keras_hub.config import check_parallelism
+    from vllm_keras_hub.config import image_limit
     from vllm_keras_hub.llm import default_kv_cache_bytes
     from vllm_keras_hub.lora import adapter_loader_config
     from vllm_keras_hub.plugin import register

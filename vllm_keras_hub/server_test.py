@@ -4,12 +4,15 @@ A real server process on a free loopback port, spoken to with the official
 `openai` client.
 """
 
+import base64
+import io
 import json
 import urllib.error
 import urllib.request
 
 import openai
 import pytest
+from PIL import Image
 
 from vllm_keras_hub.smollm2 import DEFAULT_MODEL_NAME
 from vllm_keras_hub.testing.server import free_port
@@ -169,4 +172,21 @@ def test_bad_requests_are_400s_and_the_server_keeps_serving(server, client, body
     status, error = post(base_url, "/v1/completions", body)
     assert status == 400, error
     assert error["error"]["message"]
+    assert_still_serving(client)
+
+
+def test_an_image_for_a_text_only_preset_is_a_400(client):
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, format="PNG")
+    png = base64.b64encode(buffer.getvalue()).decode()
+    content = [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+        {"type": "text", "text": "What is this?"},
+    ]
+    with pytest.raises(openai.BadRequestError, match="is not a multimodal model"):
+        client.chat.completions.create(
+            model=DEFAULT_MODEL_NAME,
+            messages=[{"role": "user", "content": content}],
+            max_tokens=4,
+        )
     assert_still_serving(client)

@@ -141,17 +141,56 @@ def keras_hub_greedy_full_forward(preset, prompts, max_new_tokens, dtype="float3
     return results
 
 
-def keras_hub_greedy_with_images(preset, prompts, max_new_tokens):
-    """Greedy tokens of Gemma3's `generate()` on prompts with images.
+def image_prompt_inputs(causal_lm, tokenizer, converter, text, images, max_new_tokens):
+    """One prompt with images as `Gemma3CausalLMPreprocessor` prepares it.
 
-    Each prompt is prepared as `Gemma3CausalLMPreprocessor.generate_preprocess`
-    prepares it (it needs TensorFlow, so its steps are taken here with the
-    preset's own parts): every `<start_of_image>` in the text becomes
+    Its `generate_preprocess` needs TensorFlow, so its steps are taken here
+    with the preset's own parts: every `<start_of_image>` in the text becomes
     `\\n\\n<start_of_image>` + one `<img>` per soft token + `<end_of_image>\\n\\n`,
     the text is tokenized whole after the start token, each image goes
     through the preset's `ImageConverter`, and `vision_mask` and
-    `vision_indices` mark the `<img>` tokens. `generate()`'s function then
-    runs on each prompt alone, in float32, with no stop tokens.
+    `vision_indices` mark the `<img>` tokens.
+
+    Returns:
+        `(prompt_ids, inputs)`: `inputs` for `generate()`'s function, with
+        room for `max_new_tokens`.
+    """
+    backbone = causal_lm.backbone
+    expansion = (
+        f"\n\n{tokenizer.start_of_image_token}"
+        + tokenizer.image_placeholder * backbone.num_vision_tokens_per_image
+        + f"{tokenizer.end_of_image_token}\n\n"
+    )
+    text = text.replace(tokenizer.start_of_image_token, expansion)
+    ids = [tokenizer.start_token_id]
+    ids += keras.ops.convert_to_numpy(tokenizer(text)).tolist()
+    token_ids = np.zeros((1, len(ids) + max_new_tokens), "int32")
+    token_ids[0, : len(ids)] = ids
+    padding_mask = np.zeros_like(token_ids, bool)
+    padding_mask[0, : len(ids)] = True
+    size = backbone.image_size
+    pixels = np.zeros((1, len(images), size, size, 3), "float32")
+    for index, image in enumerate(images):
+        pixels[0, index] = keras.ops.convert_to_numpy(
+            converter(np.asarray(image.convert("RGB"), "float32"))
+        )
+    vision_mask = token_ids == tokenizer.token_to_id(tokenizer.image_placeholder)
+    inputs = {
+        "token_ids": token_ids,
+        "padding_mask": padding_mask,
+        "images": pixels,
+        "vision_mask": vision_mask.astype("int32"),
+        "vision_indices": np.nonzero(vision_mask[0])[0][None].astype("int32"),
+    }
+    return ids, {key: keras.ops.convert_to_tensor(v) for key, v in inputs.items()}
+
+
+def keras_hub_greedy_with_images(preset, prompts, max_new_tokens):
+    """Greedy tokens of Gemma3's `generate()` on prompts with images.
+
+    Each prompt is prepared by `image_prompt_inputs`; `generate()`'s
+    function then runs on each prompt alone, in float32, with no stop
+    tokens.
 
     Args:
         preset: A Gemma3 preset with a vision encoder.
@@ -170,40 +209,12 @@ def keras_hub_greedy_with_images(preset, prompts, max_new_tokens):
     )
     causal_lm.compile(sampler="greedy")
     generate_function = causal_lm.make_generate_function()
-    backbone = causal_lm.backbone
-    expansion = (
-        f"\n\n{tokenizer.start_of_image_token}"
-        + tokenizer.image_placeholder * backbone.num_vision_tokens_per_image
-        + f"{tokenizer.end_of_image_token}\n\n"
-    )
-    image_id = tokenizer.token_to_id(tokenizer.image_placeholder)
     results = []
     for text, images in prompts:
-        text = text.replace(tokenizer.start_of_image_token, expansion)
-        ids = [tokenizer.start_token_id]
-        ids += keras.ops.convert_to_numpy(tokenizer(text)).tolist()
-        token_ids = np.zeros((1, len(ids) + max_new_tokens), "int32")
-        token_ids[0, : len(ids)] = ids
-        padding_mask = token_ids != 0
-        padding_mask[0, : len(ids)] = True
-        size = backbone.image_size
-        pixels = np.zeros((1, len(images), size, size, 3), "float32")
-        for index, image in enumerate(images):
-            pixels[0, index] = keras.ops.convert_to_numpy(
-                converter(np.asarray(image.convert("RGB"), "float32"))
-            )
-        vision_mask = token_ids == image_id
-        inputs = {
-            "token_ids": token_ids,
-            "padding_mask": padding_mask,
-            "images": pixels,
-            "vision_mask": vision_mask.astype("int32"),
-            "vision_indices": np.nonzero(vision_mask[0])[0][None].astype("int32"),
-        }
-        outputs = generate_function(
-            {key: keras.ops.convert_to_tensor(value) for key, value in inputs.items()},
-            stop_token_ids=None,
+        ids, inputs = image_prompt_inputs(
+            causal_lm, tokenizer, converter, text, images, max_new_tokens
         )
+        outputs = generate_function(inputs, stop_token_ids=None)
         generated = keras.ops.convert_to_numpy(outputs["token_ids"])[0]
         results.append((ids, generated[len(ids) : len(ids) + max_new_tokens].tolist()))
     return results

@@ -1,7 +1,8 @@
 """The supported-family matrix, filled in by the parity tests as they run.
 
 `model_test.py` records each tiny preset's parity results and the attention
-features its served model used; `conftest.py` writes the table to
+features its served model used (`parallel_test.py` the parallel columns,
+`vision_test.py` the images column); `conftest.py` writes the table to
 `build/test-reports/support_matrix.md` when the session ends, and
 `scripts/update-reports` copies it into the README.
 """
@@ -12,7 +13,8 @@ from vllm_keras_hub.config import PIPELINE_REFUSALS
 
 RESULTS = {}
 COLUMNS = (
-    "batched", "chunked", "compiled", "tp2", "pp2", "window", "soft_cap", "sinks", "moe"
+    "batched", "chunked", "compiled", "tp2", "pp2", "window", "soft_cap", "sinks", "moe",
+    "images",
 )
 
 
@@ -35,8 +37,8 @@ def render():
         "| family | test preset | route | greedy parity, batched | greedy parity, "
         "chunked prefill | greedy parity, compiled | greedy parity, 2 ranks "
         "(tensor parallel) | greedy parity, 2 stages (pipeline parallel) | "
-        "sliding window | soft cap | sinks | MoE | chat format |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "sliding window | soft cap | sinks | MoE | images, greedy parity | chat format |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     tested = set()
     for name, result in sorted(RESULTS.items()):
@@ -55,10 +57,10 @@ def render():
         if family.route is None:
             lines.append(
                 f"| {family.display_name} | | refused: {family.unsupported_reason} "
-                "| | | | | | | | | | |"
+                "| | | | | | | | | | | |"
             )
         elif family.name not in tested:
             lines.append(
-                f"| {family.display_name} | | not tested in this run | | | | | | | | | | |"
+                f"| {family.display_name} | | not tested in this run | | | | | | | | | | | |"
             )
     return "\n".join(lines) + "\n"
