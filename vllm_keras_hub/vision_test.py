@@ -40,6 +40,8 @@ PROMPTS = [
     ("Hello there", []),
     ("two <start_of_image> and <start_of_image> compared", [IMAGES[1], IMAGES[2]]),
     ("a <start_of_image> caption", [IMAGES[1]]),
+    # The expansion's newlines merge with the prompt's ("\n\n\n" is a token).
+    ("Look:\n<start_of_image>\nWhat is it?", [IMAGES[2]]),
 ]
 
 
