@@ -126,9 +126,14 @@ def _image_attention(
         return
     layer = context.no_compile_layers[_resolve_layer_name(layer_name)]
     metadata = context.attn_metadata[layer.layer_name]
+    if len(_STEP.is_image) != metadata.num_actual_tokens:
+        # A warm-up step after a real one (vLLM's dummy runs do not call
+        # `embed_input_ids`): the mask is the last real step's. A real
+        # step's mask has one flag per scheduled token.
+        return
     key = id(metadata)
     if key not in _STEP.spans:
-        is_image = _STEP.is_image[: metadata.num_actual_tokens]
+        is_image = _STEP.is_image
         _STEP.spans[key] = image_spans(
             is_image, metadata.query_start_loc.cpu(), metadata.seq_lens.cpu()
         )
