@@ -130,6 +130,17 @@ class KerasHubProcessingInfo(BaseProcessingInfo):
     def get_supported_mm_limits(self):
         return {"image": None}
 
+    def validate_num_items(self, modality, num_items):
+        if modality != "image" and num_items:
+            from vllm.exceptions import VLLMValidationError
+
+            raise VLLMValidationError(
+                f"This KerasHub preset takes images, not {modality}: "
+                f"{modality} input is not served.",
+                parameter=modality,
+            )
+        super().validate_num_items(modality, num_items)
+
     def get_mm_max_tokens_per_item(self, seq_len, mm_counts):
         return {"image": self.image["tokens_per_image"]}
 

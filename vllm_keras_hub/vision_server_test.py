@@ -9,6 +9,7 @@ names the cause, and the server keeps serving.
 
 import base64
 import io
+import wave
 
 import openai
 import pytest
@@ -102,4 +103,18 @@ def test_an_image_past_the_window_is_a_400(client):
     text = {"type": "text", "text": " ".join(["word"] * 110)}
     with pytest.raises(openai.BadRequestError, match="past token 128"):
         chat(client, [text, image_part(data_uri(IMAGES[0]))])
+    assert_still_serving(client)
+
+
+def test_audio_is_a_400(client):
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as audio:
+        audio.setnchannels(1)
+        audio.setsampwidth(2)
+        audio.setframerate(16000)
+        audio.writeframes(b"\0\0" * 1600)
+    data = base64.b64encode(buffer.getvalue()).decode()
+    part = {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+    with pytest.raises(openai.BadRequestError, match="takes images, not audio"):
+        chat(client, [part, {"type": "text", "text": "what is said?"}])
     assert_still_serving(client)
