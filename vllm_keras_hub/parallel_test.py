@@ -92,7 +92,6 @@ def test_tensor_parallel_greedy_parity(family, tmp_path):
         max_num_batched_tokens=CHUNK,
         enable_chunked_prefill=True,
         enforce_eager=family != "llama3",
-        **({"limit_mm_per_prompt": {"image": 0}} if multimodal else {}),
     ) as llm:
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         reports = sorted(llm.collective_rpc(rank_report), key=lambda r: r["rank"])
