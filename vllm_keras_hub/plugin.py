@@ -35,11 +35,11 @@ def register():
         ModelRegistry.register_model(
             config.HYBRID_ARCHITECTURE, HYBRID_ARCHITECTURE_CLASS
         )
-    # For tokenizers that cannot be exported exactly: keras-hub's own adapter.
     if config.VISION_ARCHITECTURE not in supported:
         ModelRegistry.register_model(
             config.VISION_ARCHITECTURE, VISION_ARCHITECTURE_CLASS
         )
+    # For tokenizers that cannot be exported exactly: keras-hub's own adapter.
     TokenizerRegistry.register(
         config.KERAS_HUB_TOKENIZER_MODE, "keras_hub.src.vllm.tokenizer", "KerasHubTokenizer"
     )

@@ -151,7 +151,7 @@ def build_tiny_vision_preset(directory, seed=0, image_weight=30.0):
     projection.kernel.assign(projection.kernel * image_weight)
     causal_lm.save_to_preset(directory)
     size = encoder.image_size
-    # As Gemma3's published converters: pixels to [-1, 1].
+    # Pixels to [-1, 1].
     Gemma3ImageConverter(image_size=(size, size), scale=1 / 127.5, offset=-1.0).save_to_preset(
         directory
     )
