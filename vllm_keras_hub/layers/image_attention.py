@@ -101,9 +101,10 @@ def attend_images(attention, query, output):
 
     Args:
         attention: The layer's vLLM `Attention`.
-        query: `(num_tokens, heads * head_dim)` queries as it was given.
-        output: `(num_tokens, heads * head_dim)` its causal output; the
-            image rows are overwritten.
+        query: The step's queries, as `attention` was given them (one row
+            of `heads * head_dim` per token).
+        output: `(num_tokens, heads * head_dim)`: `attention`'s causal
+            output; the image rows are overwritten.
 
     Returns:
         `output`.
