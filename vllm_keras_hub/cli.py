@@ -129,13 +129,18 @@ def serve(model, vllm_argv):
                 enable_lora=args.enable_lora,
             )
         if folder.images:
+            from vllm_keras_hub.scheduler import IMAGE_SCHEDULER
+
             if "--disable-chunked-mm-input" not in given:
                 args.disable_chunked_mm_input = True
+            if args.scheduler_cls is None:
+                args.scheduler_cls = IMAGE_SCHEDULER
             check_image_settings(
                 image_limit(args.limit_mm_per_prompt),
                 args.enable_chunked_prefill is not False,
                 not args.disable_chunked_mm_input,
                 args.pipeline_parallel_size,
+                args.scheduler_cls,
             )
         args.model = args.model_tag = folder.path
         if args.load_format == "auto":

@@ -277,13 +277,17 @@ def image_limit(limit_mm_per_prompt):
 
 
 def check_image_settings(
-    images_per_prompt, chunked_prefill, chunked_images, pipeline_parallel_size=1
+    images_per_prompt,
+    chunked_prefill,
+    chunked_images,
+    pipeline_parallel_size=1,
+    scheduler_cls=None,
 ):
     """Raises for engine settings under which images would not be exact.
 
     Checked before the engine starts (`KerasHubLLM`, `serve`, which also
-    set `disable_chunked_mm_input`) and again by the model class, for plain
-    `vllm` commands.
+    set `disable_chunked_mm_input` and `scheduler_cls`) and again by the
+    model class, for plain `vllm` commands.
 
     Args:
         images_per_prompt: vLLM's image limit per prompt (0: text only;
@@ -292,6 +296,7 @@ def check_image_settings(
         chunked_images: Whether vLLM may split an image over two steps
             (`not disable_chunked_mm_input`).
         pipeline_parallel_size: vLLM's `pipeline_parallel_size`.
+        scheduler_cls: vLLM's `scheduler_cls`.
 
     Raises:
         UnsupportedImageServingError: naming the setting and the fix.
@@ -317,4 +322,18 @@ def check_image_settings(
         raise UnsupportedImageServingError(
             "Images are not served with pipeline parallelism yet. Serve "
             "text only with --limit-mm-per-prompt '{\"image\": 0}'."
+        )
+    from vllm_keras_hub.scheduler import IMAGE_SCHEDULER
+    from vllm_keras_hub.scheduler import ImageScheduler
+
+    if isinstance(scheduler_cls, type):
+        holds_images = issubclass(scheduler_cls, ImageScheduler)
+    else:
+        holds_images = scheduler_cls == IMAGE_SCHEDULER
+    if chunked_prefill and not holds_images:
+        raise UnsupportedImageServingError(
+            "With chunked prefill, vLLM's scheduler can split the rest of an "
+            "image a prefix-cache hit cut into over two steps, and Gemma3's "
+            "bidirectional attention within the image would miss its later "
+            f"tokens. Serve with --scheduler-cls {IMAGE_SCHEDULER}."
         )

@@ -20,6 +20,7 @@ from vllm_keras_hub.config import check_image_settings  # noqa: E402
 from vllm_keras_hub.config import image_limit  # noqa: E402
 from vllm_keras_hub.lora import adapter_loader_config  # noqa: E402
 from vllm_keras_hub.plugin import register  # noqa: E402
+from vllm_keras_hub.scheduler import IMAGE_SCHEDULER  # noqa: E402
 from vllm_keras_hub.preset_folder import ModelFolder  # noqa: E402
 from vllm_keras_hub.preset_folder import strip_prefix  # noqa: E402
 
@@ -112,11 +113,13 @@ class KerasHubLLM(vllm.LLM):
                     )
                 if self.model_folder.images:
                     kwargs.setdefault("disable_chunked_mm_input", True)
+                    kwargs.setdefault("scheduler_cls", IMAGE_SCHEDULER)
                     check_image_settings(
                         image_limit(kwargs.get("limit_mm_per_prompt")),
                         kwargs.get("enable_chunked_prefill", True) is not False,
                         not kwargs["disable_chunked_mm_input"],
                         kwargs.get("pipeline_parallel_size"),
+                        kwargs["scheduler_cls"],
                     )
                 if kwargs.get("enable_lora"):
                     lora_adapters.check_lora_serving(

@@ -142,7 +142,9 @@ class KerasHubProcessingInfo(BaseProcessingInfo):
         super().validate_num_items(modality, num_items)
 
     def get_mm_max_tokens_per_item(self, seq_len, mm_counts):
-        return {"image": self.image["tokens_per_image"]}
+        # The placeholder's tokens, its start and end markers included:
+        # vLLM checks that a step's token budget holds one whole image.
+        return {"image": self.image["tokens_per_image"] + 2}
 
 
 class KerasHubDummyInputsBuilder(BaseDummyInputsBuilder[KerasHubProcessingInfo]):

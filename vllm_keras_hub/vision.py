@@ -62,6 +62,7 @@ class KerasHubVisionForCausalLM(KerasHubForCausalLM, SupportsMultiModal):
             scheduler.enable_chunked_prefill,
             not scheduler.disable_chunked_mm_input,
             vllm_config.parallel_config.pipeline_parallel_size,
+            scheduler.scheduler_cls,
         )
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.bidirectional_images = True

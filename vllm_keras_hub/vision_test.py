@@ -130,25 +130,60 @@ def test_causal_attention_over_images_would_be_wrong(llm, expected, monkeypatch)
 
 def test_compiled_with_chunked_prefill_an_image_is_never_split(preset, expected):
     """vLLM's default compiled mode, with 32 tokens a step, which would cut
-    images: vLLM holds each image for one step, and the image attention
-    runs inside the compiled graph as its custom op."""
+    images: each image is computed in one step, and the image attention
+    runs inside the compiled graph as its custom op.
+
+    Last, a prefix-cache hit that ends inside an image, in a step whose
+    budget another prompt has nearly used up: vLLM's own scheduler would
+    compute part of the image's rest there (`scheduler.py`).
+    """
+    image = _image(7)
+    resumed = [
+        ("Look at this picture carefully: <start_of_image> what is it?", [image]),
+        ("Look at this picture carefully: <start_of_image> and its colour?", [image]),
+    ]
+    resumed_expected = keras_hub_greedy_with_images(preset, resumed, MAX_NEW_TOKENS)
     with in_process_llm(
         f"keras_hub:{preset}",
         enforce_eager=False,
         max_num_batched_tokens=32,
         enable_chunked_prefill=True,
+        enable_prefix_caching=True,
         **ENGINE,
     ) as llm:
         outputs = llm.generate([request(*p) for p in PROMPTS], GREEDY, use_tqdm=False)
         assert served_model(llm).compiled or served_model(
             llm
         ).was_aot_compile_fn_loaded_from_disk
+        (first,) = llm.generate([request(*resumed[0])], GREEDY, use_tqdm=False)
+        # 27 tokens first, so 5 of the step's 32 are left when the second
+        # prompt resumes at its cached block's end (token 16), inside its image.
+        filler = {"prompt_token_ids": [2] + [300] * 26}
+        _, second = llm.generate(
+            [filler, request(*resumed[1])], GREEDY, use_tqdm=False
+        )
     assert_tokens(outputs, expected)
     # The second image of the third prompt straddles a 32-token step.
     positions = _image_positions(expected[2][0])[16:]
     assert positions[0] // 32 != positions[-1] // 32
+    assert_tokens([first, second], resumed_expected)
+    positions = _image_positions(resumed_expected[1][0])
+    assert positions[0] < second.num_cached_tokens < positions[-1] - 5
 
 
-def test_chunked_images_are_refused_at_start_up(preset):
-    with pytest.raises(UnsupportedImageServingError, match="--disable-chunked-mm-input"):
-        KerasHubLLM(f"keras_hub:{preset}", disable_chunked_mm_input=False)
+@pytest.mark.parametrize(
+    "settings, cause",
+    [
+        (dict(disable_chunked_mm_input=False), "--disable-chunked-mm-input"),
+        (
+            dict(scheduler_cls="vllm.v1.core.sched.scheduler.Scheduler"),
+            "--scheduler-cls vllm_keras_hub.scheduler.ImageScheduler",
+        ),
+    ],
+    ids=["chunked-images", "vllm-scheduler"],
+)
+def test_settings_that_could_split_an_image_are_refused_at_start_up(
+    preset, settings, cause
+):
+    with pytest.raises(UnsupportedImageServingError, match=cause):
+        KerasHubLLM(f"keras_hub:{preset}", **settings)

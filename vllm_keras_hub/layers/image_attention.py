@@ -10,7 +10,8 @@ again with a second call of the same kernel, non-causal, each image's rows
 over the request's cache up to the image's last token. That is the preset's
 mask exactly when no sliding window cuts it: every image must end within the
 window (`multimodal.py` refuses one that does not), and vLLM must never
-split an image across steps (`disable_chunked_mm_input`).
+split an image across steps (`disable_chunked_mm_input` and
+`scheduler.ImageScheduler`).
 
 The image rows of a step come from `is_multimodal`, which vLLM hands the
 model's `embed_input_ids` before each step (`set_step`); the second call is
@@ -89,7 +90,8 @@ def image_spans(is_image, query_start_loc, seq_lens):
                 raise ImageSplitError(
                     "An image's tokens were scheduled over two steps, so its "
                     "bidirectional attention cannot be computed exactly. "
-                    "Serve with --disable-chunked-mm-input."
+                    "Serve with --disable-chunked-mm-input and --scheduler-cls "
+                    "vllm_keras_hub.scheduler.ImageScheduler."
                 )
             position_of_end = lengths[request] - (end - row)
             spans.append((request, start, row, position_of_end))

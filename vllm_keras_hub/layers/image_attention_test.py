@@ -33,5 +33,5 @@ def test_no_image_no_span():
 
 
 def test_an_image_cut_at_the_end_of_its_step_is_refused():
-    with pytest.raises(ImageSplitError, match="--disable-chunked-mm-input"):
+    with pytest.raises(ImageSplitError, match="--scheduler-cls"):
         spans([0, 1, 1, 1], [0, 4], [4])
