@@ -79,20 +79,14 @@ GEMMA_TEMPLATE = r"""{{- bos_token }}
 # content is a list of parts renders each image part as `<start_of_image>`
 # where it stands and each text part trimmed, with nothing between them, as
 # the official template does. vLLM then hands the template the parts.
-GEMMA3_TEMPLATE = r"""{{- bos_token }}
-{%- if messages[0]['role'] == 'system' %}
-    {%- set first_user_prefix = messages[0]['content'] + '\n\n' %}
-    {%- set loop_messages = messages[1:] %}
-{%- else %}
-    {%- set first_user_prefix = '' %}
-    {%- set loop_messages = messages %}
-{%- endif %}
-{%- for message in loop_messages %}
-    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
-        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
-    {%- endif %}
-    {%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}
-    {{- '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}
+_GEMMA_TURN = (
+    "{{- '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') "
+    "+ message['content'] | trim + '<end_of_turn>\\n' }}"
+)
+assert _GEMMA_TURN in GEMMA_TEMPLATE
+GEMMA3_TEMPLATE = GEMMA_TEMPLATE.replace(
+    _GEMMA_TURN,
+    r"""{{- '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}
     {%- if message['content'] is string %}
         {{- message['content'] | trim }}
     {%- else %}
@@ -104,11 +98,8 @@ GEMMA3_TEMPLATE = r"""{{- bos_token }}
             {%- endif %}
         {%- endfor %}
     {%- endif %}
-    {{- '<end_of_turn>\n' }}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<start_of_turn>model\n' }}
-{%- endif %}"""
+    {{- '<end_of_turn>\n' }}""",
+)
 
 # google/gemma-4-*-it, text only, thinking off, no tools: turns open with
 # `<|turn>ROLE\n` and close with `<turn|>` (the stop token Gemma4CausalLM's

@@ -26,6 +26,8 @@ from vllm.utils.torch_utils import LayerNameType
 from vllm.utils.torch_utils import _encode_layer_name
 from vllm.utils.torch_utils import _resolve_layer_name
 
+from vllm_keras_hub.layers.custom_ops import register_output_op
+
 
 class ImageSplitError(RuntimeError):
     """An image's tokens arrived in two steps; its attention cannot be exact."""
@@ -191,20 +193,4 @@ def _image_attention(
     output.view(-1, heads, head_dim)[rows] = result.to(output.dtype)
 
 
-def _register_ops():
-    from torch.library import Library
-    from vllm.utils.torch_utils import direct_register_custom_op
-
-    library = Library("vllm_keras_hub", "FRAGMENT")
-    direct_register_custom_op(
-        op_name="image_attention",
-        op_func=_image_attention,
-        mutates_args=["output"],
-        fake_impl=lambda query, output, layer_name: None,
-        target_lib=library,
-    )
-    return library
-
-
-# The op lives as long as its library object.
-_LIBRARY = _register_ops()
+register_output_op("image_attention", _image_attention)

@@ -30,6 +30,8 @@ from vllm.model_executor.layers.mamba.abstract import MambaBase
 from vllm.utils.torch_utils import LayerNameType
 from vllm.utils.torch_utils import _resolve_layer_name
 
+from vllm_keras_hub.layers.custom_ops import register_output_op
+
 
 @dataclasses.dataclass(frozen=True)
 class GatedDeltaNetSpec:
@@ -320,20 +322,4 @@ def _keras_gated_delta_net(
     state.run_keras(hidden_states, output, context.attn_metadata[state.prefix])
 
 
-def _register_ops():
-    from torch.library import Library
-    from vllm.utils.torch_utils import direct_register_custom_op
-
-    library = Library("vllm_keras_hub", "FRAGMENT")
-    direct_register_custom_op(
-        op_name="keras_gated_delta_net",
-        op_func=_keras_gated_delta_net,
-        mutates_args=["output"],
-        fake_impl=lambda hidden_states, output, layer_name: None,
-        target_lib=library,
-    )
-    return library
-
-
-# The op lives as long as its library object.
-_LIBRARY = _register_ops()
+register_output_op("keras_gated_delta_net", _keras_gated_delta_net)
