@@ -101,25 +101,20 @@ def image_fields(backbone_class, backbone_config, tokenizer):
 
     Gemma3 presets with a vision encoder (`gemma3_4b` and up) get
     `VISION_ARCHITECTURE` and `keras_hub_image`: the image placeholder and
-    the tokens it expands to (`Gemma3CausalLMPreprocessor`), the encoder's
-    image size, and `exact_within`, the sliding window, within which an
-    image must end for its bidirectional attention to be exact on vLLM's
-    CPU attention (`layers/image_attention.py`). Gemma3n and Gemma4 serve
-    text only.
+    the tokens it expands to (`Gemma3CausalLMPreprocessor`) and the
+    encoder's image size. Gemma3n and Gemma4 serve text only.
     """
     encoder = backbone_config.get("vision_encoder")
     if backbone_class != "Gemma3Backbone" or not encoder:
         return {}
     encoder = encoder["config"]
     patches = (encoder["image_size"] // encoder["patch_size"]) ** 2
-    windowed = backbone_config.get("use_sliding_window_attention", False)
     image = dict(
         placeholder=tokenizer.start_of_image_token,
         image_token=tokenizer.image_placeholder,
         end_token=tokenizer.end_of_image_token,
         tokens_per_image=patches // encoder["pool_size"] ** 2,
         image_size=int(encoder["image_size"]),
-        exact_within=int(backbone_config["sliding_window_size"]) if windowed else None,
     )
     return dict(architectures=[VISION_ARCHITECTURE], keras_hub_image=image)
 

@@ -26,10 +26,6 @@ from vllm.multimodal.processing.processor import PromptReplacement
 from vllm.multimodal.processing.processor import PromptUpdateDetails
 
 
-class ImageTooLateError(ValueError):
-    """An image whose bidirectional attention cannot be computed exactly."""
-
-
 @functools.lru_cache(maxsize=4)
 def _image_converter(preset):
     from vllm_keras_hub.backend import default_to_torch
@@ -197,34 +193,6 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
             )
         ]
 
-    def apply(self, inputs, timing_ctx):
-        # Before vLLM's processor cache records the images as sent to the
-        # engine: a request refused later would leave the two caches apart,
-        # and the next request with the same image would fail.
-        self._check_window(inputs.prompt)
-        return super().apply(inputs, timing_ctx)
-
     def _apply_prompt_updates(self, token_ids, mm_prompt_updates):
         new_ids = expand_placeholders(token_ids, self.info.get_tokenizer(), self.info.image)
         return new_ids, self._find_mm_placeholders(new_ids, mm_prompt_updates)
-
-    def _check_window(self, token_ids):
-        image = self.info.image
-        window = image.get("exact_within")
-        if window is None:
-            return
-        tokenizer = self.info.get_tokenizer()
-        soft_token = tokenizer.get_vocab()[image["image_token"]]
-        ids = expand_placeholders(token_ids, tokenizer, image)
-        ends = [i for i, token in enumerate(ids) if token == soft_token]
-        ends = ends[image["tokens_per_image"] - 1 :: image["tokens_per_image"]]
-        for index, end in enumerate(ends):
-            if end >= window:
-                raise ImageTooLateError(
-                    f"Image {index + 1} ends at prompt token {end + 1}, past "
-                    f"token {window}: this preset's images attend "
-                    "bidirectionally within its sliding window, which "
-                    "vLLM's CPU attention computes exactly only for images "
-                    f"that end within the first {window} tokens. Put images "
-                    "earlier in the prompt."
-                )

@@ -99,13 +99,6 @@ def test_too_many_images_is_a_400(client):
     assert_still_serving(client)
 
 
-def test_an_image_past_the_window_is_a_400(client):
-    text = {"type": "text", "text": " ".join(["word"] * 110)}
-    with pytest.raises(openai.BadRequestError, match="past token 128"):
-        chat(client, [text, image_part(data_uri(IMAGES[0]))])
-    assert_still_serving(client)
-
-
 def test_audio_is_a_400(client):
     buffer = io.BytesIO()
     with wave.open(buffer, "wb") as audio:

@@ -14,7 +14,6 @@ from vllm import SamplingParams
 from vllm_keras_hub.config import UnsupportedImageServingError
 from vllm_keras_hub.layers import image_attention
 from vllm_keras_hub.llm import KerasHubLLM
-from vllm_keras_hub.multimodal import ImageTooLateError
 from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
@@ -106,12 +105,18 @@ def _image_positions(ids):
     return [i for i, token in enumerate(ids) if token == soft]
 
 
-def test_an_image_past_the_window_is_refused_and_serving_goes_on(llm, expected):
-    text = " ".join(["word"] * 110) + " <start_of_image> caption"
-    with pytest.raises(ImageTooLateError, match="past token 128"):
-        llm.generate([request(text, [IMAGES[0]])], GREEDY, use_tqdm=False)
-    outputs = llm.generate([request(*PROMPTS[0])], GREEDY, use_tqdm=False)
-    assert_tokens(outputs, expected[:1])
+def test_an_image_past_the_sliding_window(llm, preset):
+    """Images ending past the window (128 tokens): their rows see keys back
+    to the window's edge only, and those of a later block of the cache.
+    Without the window, the first prompt's tokens differ (checked by hand)."""
+    prompts = [
+        (" ".join(["word"] * 110) + " <start_of_image> caption", [IMAGES[0]]),
+        (" ".join(["cat"] * 95) + " <start_of_image> and <start_of_image> ok", IMAGES[1:]),
+    ]
+    expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
+    assert all(_image_positions(ids)[-1] >= 128 for ids, _ in expected)
+    outputs = llm.generate([request(*p) for p in prompts], GREEDY, use_tqdm=False)
+    assert_tokens(outputs, expected)
 
 
 def test_causal_attention_over_images_would_be_wrong(llm, expected, monkeypatch):

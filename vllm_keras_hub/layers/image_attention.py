@@ -7,11 +7,9 @@ attention has no such mask (its own Gemma3 serves images causally there).
 So each attention layer first runs as usual, causally, which also writes the
 step's keys and values to the paged cache; then the image rows are attended
 again with a second call of the same kernel, non-causal, each image's rows
-over the request's cache up to the image's last token. That is the preset's
-mask exactly when no sliding window cuts it: every image must end within the
-window (`multimodal.py` refuses one that does not), and vLLM must never
-split an image across steps (`disable_chunked_mm_input` and
-`scheduler.ImageScheduler`).
+over the request's cache up to the image's last token, within the layer's
+sliding window as KerasHub's mask has it. vLLM must never split an image
+across steps (`disable_chunked_mm_input` and `scheduler.ImageScheduler`).
 
 The image rows of a step come from `is_multimodal`, which vLLM hands the
 model's `embed_input_ids` before each step (`set_step`); the second call is
@@ -124,8 +122,6 @@ def attend_images(attention, query, output):
 def _image_attention(
     query: torch.Tensor, output: torch.Tensor, layer_name: LayerNameType
 ) -> None:
-    from vllm import _custom_ops as ops
-
     context = get_forward_context()
     if context.attn_metadata is None or _STEP.is_image is None:
         return
@@ -145,25 +141,70 @@ def _image_attention(
     spans = _STEP.spans[key]
     if not spans:
         return
-    impl = layer.impl
+    heads, head_dim = layer.impl.num_heads, layer.impl.head_size
+    queries = query.reshape(-1, heads, head_dim)
+    window = layer.impl.sliding_window
+    plain = [span for span in spans if window == -1 or span[3] <= window]
+    if plain:
+        _attend_within(layer, metadata, queries, output, plain)
+    for span in spans:
+        if span not in plain:
+            _attend_within_window(layer, metadata, queries, output, span, window)
+
+
+def _attend_within(layer, metadata, queries, output, spans):
+    # Each image's rows over the request's tokens up to the image's end:
+    # all of them are within any window the layer has.
     rows = torch.cat([torch.arange(start, end) for _, start, end, _ in spans])
-    heads, head_dim = impl.num_heads, impl.head_size
-    queries = query.reshape(-1, heads, head_dim)[rows].contiguous()
-    result = torch.empty_like(queries)
-    lengths = [end - start for _, start, end, _ in spans]
-    query_start_loc = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0).int()
-    seq_lens = torch.tensor([length for *_, length in spans], dtype=torch.int32)
-    block_table = metadata.block_table[[request for request, *_ in spans]]
+    result = _kernel(
+        layer,
+        queries[rows].contiguous(),
+        [end - start for _, start, end, _ in spans],
+        [length for *_, length in spans],
+        metadata.block_table[[request for request, *_ in spans]],
+        window=-1,
+    )
+    _write(output, rows, result)
+
+
+def _attend_within_window(layer, metadata, queries, output, span, window):
+    # An image ending past the window. The kernel's window is KerasHub's
+    # (|query - key| < window), but non-causal queries sit at positions 0,
+    # 1, ... of their block table: the table starts at the block holding
+    # the first key any image row sees, and the rows from there to the
+    # image are attended too (zero queries), then dropped.
+    request, start, end, length = span
+    block_size = layer.kv_cache.shape[2]
+    first = length - (end - start)  # the first image row's position
+    offset = max(0, first - window + 1) // block_size * block_size
+    padded = queries.new_zeros((length - offset, *queries.shape[1:]))
+    padded[first - offset :] = queries[start:end]
+    table = metadata.block_table[request]
+    shifted = torch.zeros_like(table)
+    shifted[: len(table) - offset // block_size] = table[offset // block_size :]
+    result = _kernel(
+        layer, padded, [len(padded)], [length - offset], shifted[None], window
+    )
+    _write(output, torch.arange(start, end), result[first - offset :])
+
+
+def _kernel(layer, queries, query_lengths, seq_lens, block_table, window):
+    """vLLM's CPU attention, non-causal, over `layer`'s paged cache."""
+    from vllm import _custom_ops as ops
+
+    impl = layer.impl
+    query_start_loc = torch.tensor([0, *query_lengths]).cumsum(0).int()
+    seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
     scheduler_metadata = ops.cpu_attn_get_scheduler_metadata(
-        num_reqs=len(spans),
-        num_heads=heads,
+        num_reqs=len(seq_lens),
+        num_heads=impl.num_heads,
         num_kv_heads=impl.num_kv_heads,
-        head_dim=head_dim,
+        head_dim=impl.head_size,
         seq_lens=seq_lens,
         dtype=queries.dtype,
         query_start_loc=query_start_loc,
         causal=False,
-        sliding_window_size=-1,
+        sliding_window_size=window,
         isa=layer.isa,
         enable_kv_split=False,
         kv_cache_dtype=impl.kv_cache_dtype,
@@ -171,6 +212,7 @@ def _image_attention(
     num_blocks, kv_heads, block_size, _ = layer.kv_cache.shape
     kv_cache = layer.kv_cache.view(num_blocks, kv_heads, block_size * 2, -1)
     key_cache, value_cache = kv_cache.chunk(2, dim=2)
+    result = torch.empty_like(queries)
     ops.cpu_attention_with_kv_cache(
         query=queries,
         key_cache=key_cache,
@@ -181,7 +223,7 @@ def _image_attention(
         scale=impl.scale,
         causal=False,
         alibi_slopes=None,
-        sliding_window=-1,
+        sliding_window=window,
         block_table=block_table,
         softcap=impl.logits_soft_cap,
         scheduler_metadata=scheduler_metadata,
@@ -190,6 +232,11 @@ def _image_attention(
         v_scale=layer._v_scale_float,
         kv_cache_dtype=impl.kv_cache_dtype,
     )
+    return result
+
+
+def _write(output, rows, result):
+    heads, head_dim = result.shape[1:]
     output.view(-1, heads, head_dim)[rows] = result.to(output.dtype)
 
 
