@@ -180,6 +180,12 @@ def export(model, directory):
     flags = f"--load-format {LOAD_FORMAT}"
     if tokenizer_mode != "auto":
         flags += f" --tokenizer-mode {tokenizer_mode}"
+    with open(os.path.join(directory, "config.json")) as f:
+        if "keras_hub_image" in json.load(f):
+            from vllm_keras_hub.scheduler import IMAGE_SCHEDULER
+
+            # What `serve` sets for images (`config.check_image_settings`).
+            flags += f" --disable-chunked-mm-input --scheduler-cls {IMAGE_SCHEDULER}"
     print(f"Wrote {directory}. Serve it with vLLM (vllm-keras-hub installed):")
     print(f"  vllm serve {directory} {flags}")
     print(f"  python -m vllm.entrypoints.openai.api_server --model {directory} {flags}")

@@ -13,20 +13,26 @@ bidirectionally (`layers/image_attention.py`). The processor is
 `multimodal.py`'s.
 """
 
-import math
+from vllm_keras_hub.backend import require_torch_backend
 
-import torch
-from vllm.model_executor.models.interfaces import SupportsMultiModal
-from vllm.model_executor.models.utils import _merge_multimodal_embeddings
-from vllm.multimodal import MULTIMODAL_REGISTRY
+# Before anything below imports Keras (`layers.attention` does): plain `vllm`
+# in a fresh shell names no backend.
+require_torch_backend()
 
-from vllm_keras_hub.config import check_image_settings
-from vllm_keras_hub.layers import image_attention
-from vllm_keras_hub.layers.attention import token_embedding
-from vllm_keras_hub.model import KerasHubForCausalLM
-from vllm_keras_hub.multimodal import KerasHubDummyInputsBuilder
-from vllm_keras_hub.multimodal import KerasHubMultiModalProcessor
-from vllm_keras_hub.multimodal import KerasHubProcessingInfo
+import math  # noqa: E402
+
+import torch  # noqa: E402
+from vllm.model_executor.models.interfaces import SupportsMultiModal  # noqa: E402
+from vllm.model_executor.models.utils import _merge_multimodal_embeddings  # noqa: E402
+from vllm.multimodal import MULTIMODAL_REGISTRY  # noqa: E402
+
+from vllm_keras_hub.config import check_image_settings  # noqa: E402
+from vllm_keras_hub.layers import image_attention  # noqa: E402
+from vllm_keras_hub.layers.attention import token_embedding  # noqa: E402
+from vllm_keras_hub.model import KerasHubForCausalLM  # noqa: E402
+from vllm_keras_hub.multimodal import KerasHubDummyInputsBuilder  # noqa: E402
+from vllm_keras_hub.multimodal import KerasHubMultiModalProcessor  # noqa: E402
+from vllm_keras_hub.multimodal import KerasHubProcessingInfo  # noqa: E402
 
 
 @MULTIMODAL_REGISTRY.register_processor(

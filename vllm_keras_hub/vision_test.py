@@ -6,6 +6,9 @@ are strong enough that different images, and attending within an image
 causally instead of bidirectionally, change the tokens.
 """
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -19,6 +22,7 @@ from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
 from vllm_keras_hub.testing.oracle import keras_hub_greedy_with_images
+from vllm_keras_hub.testing.user_env import user_env
 
 MAX_NEW_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
@@ -192,3 +196,15 @@ def test_settings_that_could_split_an_image_are_refused_at_start_up(
 ):
     with pytest.raises(UnsupportedImageServingError, match=cause):
         KerasHubLLM(f"keras_hub:{preset}", **settings)
+
+
+def test_the_model_class_imports_in_a_fresh_shell():
+    """Plain `vllm` imports the class in its front end, with no
+    `KERAS_BACKEND` set (`export` prints that command)."""
+    env = user_env()
+    assert "KERAS_BACKEND" not in env
+    result = subprocess.run(
+        [sys.executable, "-c", "import vllm_keras_hub.vision"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
