@@ -119,39 +119,142 @@ MULTIMODAL = {
 }
 
 
-def build_tiny_vision_preset(directory, seed=0, image_weight=30.0):
-    """A tiny Gemma3 preset with a vision encoder and an image converter.
+# Images served by their own tests (`vision_test.py`): tiny encoders of the
+# published presets' kind, and the backbone arguments that give the image
+# tokens their ids. Each takes the preset's tokenizer.
+def _gemma3n_images(tokenizer):
+    from keras_hub.src.models.mobilenetv5.mobilenetv5_builder import (
+        convert_arch_def_to_stackwise,
+    )
+
+    # MobileNetV5 as `mobilenetv5_300m_enc` (edge-residual, inverted-
+    # bottleneck and multi-query attention blocks, the multi-scale fusion
+    # adapter), 64x64 images to 4x4 = 16 soft tokens of 32 features.
+    encoder = convert_arch_def_to_stackwise(
+        [
+            ["er_r1_k3_s2_e4_c16"],
+            ["uir_r1_a3_k5_s2_e4_c32", "mqa_r1_k3_h2_v2_s1_d16_c32"],
+            ["uir_r1_a3_k5_s2_e4_c32"],
+        ]
+    )
+    encoder.update(
+        stem_size=16,
+        num_features=32,
+        norm_layer="rms_norm",
+        act_layer="gelu",
+        use_msfa=True,
+        msfa_output_resolution=4,
+        layer_scale_init_value=1e-5,
+        image_shape=(64, 64, 3),
+    )
+    # The vision vocabulary starts at `<end_of_image>`, as in the published
+    # vocabulary: it and the image soft token embed with the vision embedder.
+    return dict(
+        vision_encoder_config=encoder,
+        vision_hidden_size=32,
+        vision_vocab_offset=tokenizer.token_to_id("<end_of_image>"),
+        vision_vocab_size=2,
+        vision_soft_tokens_per_image=16,
+        image_token_id=tokenizer.image_placeholder_id,
+    )
+
+
+# Gemma4's image tokens per image (its image converter's default, which
+# its saved config keeps) and a sliding window that holds one image's
+# tokens and some text, so test prompts reach past it.
+GEMMA4_IMAGE_WINDOW = 384
+
+
+def _gemma4_images(tokenizer, bidirectional=False):
+    from keras_hub.src.models.gemma4.gemma4_vision_encoder import (
+        Gemma4VisionEncoder,
+    )
+
+    # Pooled by 3 as every published Gemma4 encoder (and as the image
+    # converter assumes): 2520 patches of 8x8 pixels, 280 soft tokens.
+    encoder = Gemma4VisionEncoder(
+        image_size=384,
+        patch_size=8,
+        num_heads=2,
+        hidden_dim=32,
+        num_layers=1,
+        intermediate_dim=64,
+        head_dim=16,
+        output_dim=TEXT_WIDTH,
+        pool_size=3,
+    )
+    return dict(
+        image_size=384,
+        vision_encoder=encoder,
+        sliding_window_size=GEMMA4_IMAGE_WINDOW,
+        use_vision_bidirectional_attention=bidirectional,
+    )
+
+
+IMAGES = {"gemma3n": _gemma3n_images, "gemma4": _gemma4_images}
+
+
+def _image_converter(family, size):
+    from keras_hub.src.models.gemma3.gemma3_image_converter import (
+        Gemma3ImageConverter,
+    )
+    from keras_hub.src.models.gemma3n.gemma3n_image_converter import (
+        Gemma3nImageConverter,
+    )
+    from keras_hub.src.models.gemma4.gemma4_image_converter import (
+        Gemma4ImageConverter,
+    )
+
+    # Pixels to [-1, 1].
+    rescale = dict(scale=1 / 127.5, offset=-1.0)
+    if family == "gemma4":
+        return Gemma4ImageConverter(patch_size=8, **rescale)
+    converter = {"gemma3": Gemma3ImageConverter, "gemma3n": Gemma3nImageConverter}
+    return converter[family](image_size=(size, size), **rescale)
+
+
+def build_tiny_vision_preset(
+    directory, family="gemma3", seed=0, image_weight=30.0, bidirectional=False
+):
+    """A tiny preset with a vision encoder and an image converter.
 
     Args:
         directory: Where to save; created if missing.
+        family: `"gemma3"`, `"gemma3n"` or `"gemma4"`.
         seed: Weight initialisation seed.
-        image_weight: Factor on the encoder's output projection. Gemma3
-            scales text embeddings by sqrt(hidden) and image embeddings
-            not; random image embeddings would be too faint to change the
-            output, and a test could not tell images (or how they attend)
-            apart.
+        image_weight: Gemma3 only: factor on the encoder's output
+            projection. Gemma3 scales text embeddings by sqrt(hidden) and
+            image embeddings not; random image embeddings would be too faint
+            to change the output, and a test could not tell images (or how
+            they attend) apart. Gemma3n's and Gemma4's encoders end in a
+            norm, and their images are strong enough as they are.
+        bidirectional: Gemma4 only: `use_vision_bidirectional_attention`,
+            as the published 26B and 31B presets have it.
 
     Returns:
         `directory`.
     """
     import keras_hub
-    from keras_hub.src.models.gemma3.gemma3_image_converter import (
-        Gemma3ImageConverter,
-    )
 
     from vllm_keras_hub.testing.presets import build_tiny_preset
 
-    build_tiny_preset("gemma3", directory, seed=seed, multimodal=True)
-    causal_lm = keras_hub.models.Gemma3CausalLM.from_preset(
-        directory, preprocessor=None
+    images = None
+    if family != "gemma3":  # Gemma3's `MULTIMODAL` encoder takes images.
+        images = dict(bidirectional=bidirectional) if family == "gemma4" else {}
+    build_tiny_preset(
+        family, directory, seed=seed, multimodal=family == "gemma3", images=images
     )
-    encoder = causal_lm.backbone.vision_encoder
-    projection = encoder.get_layer("vision_output_encoder").vision_input_projection
-    projection.kernel.assign(projection.kernel * image_weight)
-    causal_lm.save_to_preset(directory)
-    size = encoder.image_size
-    # Pixels to [-1, 1].
-    Gemma3ImageConverter(image_size=(size, size), scale=1 / 127.5, offset=-1.0).save_to_preset(
-        directory
-    )
+    size = None
+    if family == "gemma3":
+        causal_lm = keras_hub.models.Gemma3CausalLM.from_preset(
+            directory, preprocessor=None
+        )
+        encoder = causal_lm.backbone.vision_encoder
+        projection = encoder.get_layer("vision_output_encoder").vision_input_projection
+        projection.kernel.assign(projection.kernel * image_weight)
+        causal_lm.save_to_preset(directory)
+        size = encoder.image_size
+    elif family == "gemma3n":
+        size = 64
+    _image_converter(family, size).save_to_preset(directory)
     return directory

@@ -15,6 +15,7 @@ import numpy as np
 
 from vllm_keras_hub.layers import attention
 from vllm_keras_hub.layers import moe_routes
+from vllm_keras_hub.testing.media_encoders import IMAGES
 from vllm_keras_hub.testing.media_encoders import MULTIMODAL
 from vllm_keras_hub.testing.tokenizers import make_tokenizer
 
@@ -315,13 +316,16 @@ _TOKENIZER_FAMILY = {"gemma2": "gemma", "phi3_su": "phi3", "gemma4_moe": "gemma4
 NEEDS_TENSORFLOW = ("gemma3", "gemma3n", "gemma4", "gemma4_moe")
 
 
-def backbone_kwargs(family, vocabulary_size, multimodal=False):
+def backbone_kwargs(family, vocabulary_size, multimodal=False, images=None, tokenizer=None):
     """The keyword arguments of `family`'s tiny backbone.
 
     Args:
         family: A key of `TINY_FAMILIES`.
         vocabulary_size: The tokenizer's vocabulary size.
         multimodal: With a tiny media encoder, for a key of `MULTIMODAL`.
+        images: With a tiny image encoder whose images are served, for a
+            key of `IMAGES`: its options (`{}` for none).
+        tokenizer: The preset's tokenizer, with `images`.
     """
     _, _, kwargs = TINY_FAMILIES[family]
     vocabulary = {
@@ -330,6 +334,8 @@ def backbone_kwargs(family, vocabulary_size, multimodal=False):
     }
     common = {} if family in _OWN_DIMS else _COMMON
     media = MULTIMODAL[family](vocabulary_size) if multimodal else {}
+    if images is not None:
+        media = IMAGES[family](tokenizer, **images)
     return {**vocabulary, **common, **kwargs, **media}
 
 
@@ -358,7 +364,9 @@ def randomize_constant_moe_weights(backbone, seed):
         variable.assign(random.astype(value.dtype))
 
 
-def build_tiny_preset(family, directory, seed=0, logit_scale=None, multimodal=False):
+def build_tiny_preset(
+    family, directory, seed=0, logit_scale=None, multimodal=False, images=None
+):
     """Saves a tiny random-weight preset of `family` into `directory`.
 
     Args:
@@ -370,15 +378,22 @@ def build_tiny_preset(family, directory, seed=0, logit_scale=None, multimodal=Fa
             greedy argmax ties (which kernels may break differently) are
             vanishingly rare. 1.0 keeps them flat, for sampling tests.
         multimodal: With a tiny media encoder, for a key of `MULTIMODAL`.
+        images: With a tiny image encoder whose images are served (and the
+            tokenizer's image tokens), for a key of `IMAGES`: its options
+            (`{}` for none).
 
     Returns:
         `directory`.
     """
     causal_lm_name, backbone_name, _ = TINY_FAMILIES[family]
     keras.utils.set_random_seed(seed)
-    tokenizer = make_tokenizer(_TOKENIZER_FAMILY.get(family, family))
+    tokenizer = make_tokenizer(
+        _TOKENIZER_FAMILY.get(family, family), images=images is not None
+    )
     backbone = getattr(keras_hub.models, backbone_name)(
-        **backbone_kwargs(family, tokenizer.vocabulary_size(), multimodal)
+        **backbone_kwargs(
+            family, tokenizer.vocabulary_size(), multimodal, images, tokenizer
+        )
     )
     if logit_scale is None:
         logit_scale = _LOGIT_SCALE.get(family, DEFAULT_LOGIT_SCALE)

@@ -153,22 +153,28 @@ _GEMMA3_SYMBOLS = (
     "<end_of_image>",
 )
 
-# Gemma3nTokenizer checks all of these are in the vocabulary.
+# Gemma3nTokenizer checks all of these are in the vocabulary. As in the
+# published vocabulary, `<end_of_image>` comes right before the image soft
+# token (Gemma3n's vision vocabulary starts at it) and `<end_of_audio>`
+# right before the audio soft token.
 _GEMMA3N_SYMBOLS = (
     "<start_of_turn>",
     "<end_of_turn>",
-    "<image_soft_token>",
-    "<audio_soft_token>",
     "<start_of_image>",
-    "<end_of_image>",
     "<start_of_audio>",
+    "<end_of_image>",
+    "<image_soft_token>",
     "<end_of_audio>",
+    "<audio_soft_token>",
     "<mask>",
     "[multimodal]",
 )
 
 # Gemma 4's turn pieces; its text-only tokenizer needs no others.
 _GEMMA4_SYMBOLS = ("<|turn>", "<turn|>")
+# Its image pieces and the video placeholder, which a tokenizer with vision
+# tokens registers too.
+_GEMMA4_VISION_SYMBOLS = ("<|image>", "<|image|>", "<image|>", "<|video|>")
 
 _PHI3_SYMBOLS = ("<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>")
 
@@ -325,11 +331,13 @@ def tiny_sentencepiece_proto(
     return model.getvalue()
 
 
-def make_tokenizer(family):
+def make_tokenizer(family, images=False):
     """A KerasHub tokenizer of `family` built from the tiny assets.
 
     Args:
         family: One of `FAMILIES`, or `"phi3"`.
+        images: With the family's image tokens, where its text tokenizer
+            has none (Gemma4).
 
     Returns:
         A `keras_hub.tokenizers.Tokenizer` of the family's own class.
@@ -378,14 +386,13 @@ def make_tokenizer(family):
         )
         return keras_hub.tokenizers.Gemma3nTokenizer(proto=proto)
     if family == "gemma4":
-        proto = tiny_sentencepiece_proto(
-            layout="gemma", user_defined_symbols=_GEMMA4_SYMBOLS
-        )
+        symbols = _GEMMA4_SYMBOLS + (_GEMMA4_VISION_SYMBOLS if images else ())
+        proto = tiny_sentencepiece_proto(layout="gemma", user_defined_symbols=symbols)
         return keras_hub.tokenizers.Gemma4Tokenizer(
             proto=proto,
-            has_vision_tokens=False,
+            has_vision_tokens=images,
             has_audio_tokens=False,
-            has_video_tokens=False,
+            has_video_tokens=images,
         )
     if family == "llama":
         proto = tiny_sentencepiece_proto(layout="llama")

@@ -1,0 +1,173 @@
+"""The correctness oracle with images: a preset's own `generate()`.
+
+Gemma3's, Gemma3n's and Gemma4's `CausalLMPreprocessor`s need TensorFlow
+for images, so their steps are taken here with the preset's own parts
+(tokenizer, `ImageConverter`), as each preprocessor takes them:
+- Gemma3 and Gemma3n replace every `<start_of_image>` in the text with
+  `\\n\\n<start_of_image>` + one image soft token per embedding +
+  `<end_of_image>\\n\\n`; Gemma4 every `<|image|>` with `<|image>` +
+  `<|image|>` per embedding + `<image|>`, no newlines;
+- the text is tokenized whole, after the start token;
+- each image goes through the preset's `ImageConverter`, and the soft
+  tokens are marked as the backbone's image inputs expect.
+"""
+
+import keras
+import keras_hub
+import numpy as np
+
+from vllm_keras_hub.sampling import causal_lm_class
+
+
+def _expansion(causal_lm, tokenizer, converter):
+    backbone = causal_lm.backbone
+    name = type(backbone).__name__
+    if name == "Gemma4Backbone":
+        count = converter.max_soft_tokens
+        return tokenizer.image_placeholder, (
+            tokenizer.start_of_image_token
+            + tokenizer.image_placeholder * count
+            + tokenizer.end_of_image_token
+        )
+    if name == "Gemma3nBackbone":
+        count = backbone.vision_soft_tokens_per_image
+    else:
+        count = backbone.num_vision_tokens_per_image
+    return tokenizer.start_of_image_token, (
+        f"\n\n{tokenizer.start_of_image_token}"
+        + tokenizer.image_placeholder * count
+        + f"{tokenizer.end_of_image_token}\n\n"
+    )
+
+
+def _pixels(converter, images):
+    """The converter's outputs for each image, as the backbone's image inputs
+    of a batch of one: `images` (Gemma3, Gemma3n), or Gemma4's
+    `pixel_values` and `pixel_position_ids`."""
+    outputs = []
+    for image in images:
+        pixels = np.asarray(image.convert("RGB"), "float32")
+        if isinstance(converter, keras_hub.layers.Gemma4ImageConverter):
+            converted = converter(pixels[None])
+            outputs.append({k: keras.ops.convert_to_numpy(v)[0] for k, v in converted.items()})
+        else:
+            outputs.append({"images": keras.ops.convert_to_numpy(converter(pixels))})
+    return {key: np.stack([o[key] for o in outputs])[None] for key in outputs[0]}
+
+
+def image_prompt_inputs(causal_lm, tokenizer, converter, text, images, max_new_tokens):
+    """One prompt with images as the family's `CausalLMPreprocessor` prepares it.
+
+    Returns:
+        `(prompt_ids, inputs)`: `inputs` for `generate()`'s function, or the
+        backbone, with room for `max_new_tokens`.
+    """
+    placeholder, expansion = _expansion(causal_lm, tokenizer, converter)
+    text = text.replace(placeholder, expansion)
+    ids = [tokenizer.start_token_id]
+    ids += keras.ops.convert_to_numpy(tokenizer(text)).tolist()
+    token_ids = np.zeros((1, len(ids) + max_new_tokens), "int32")
+    token_ids[0, : len(ids)] = ids
+    padding_mask = np.zeros_like(token_ids, bool)
+    padding_mask[0, : len(ids)] = True
+    inputs = {"token_ids": token_ids, "padding_mask": padding_mask}
+    if images:
+        inputs.update(_pixels(converter, images))
+        vision_mask = token_ids == tokenizer.token_to_id(tokenizer.image_placeholder)
+        inputs["vision_mask"] = vision_mask.astype("int32")
+        inputs["vision_indices"] = np.nonzero(vision_mask[0])[0][None].astype("int32")
+    elif isinstance(causal_lm.backbone, keras_hub.models.Gemma3Backbone):
+        # Gemma3's generate() takes empty image inputs for text.
+        size = causal_lm.backbone.image_size
+        inputs["images"] = np.zeros((1, 0, size, size, 3), "float32")
+        inputs["vision_mask"] = np.zeros_like(token_ids, "int32")
+        inputs["vision_indices"] = np.zeros((1, 0), "int32")
+    return ids, {key: keras.ops.convert_to_tensor(v) for key, v in inputs.items()}
+
+
+def image_parts(preset):
+    """The preset's float32 `CausalLM`, tokenizer and image converter."""
+    from keras_hub.src.layers.preprocessing.image_converter import ImageConverter
+
+    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
+    converter = ImageConverter.from_preset(preset)
+    causal_lm = causal_lm_class(preset).from_preset(
+        preset, dtype="float32", preprocessor=None
+    )
+    return causal_lm, tokenizer, converter
+
+
+def keras_hub_greedy_with_images(preset, prompts, max_new_tokens):
+    """Greedy tokens of the preset's `generate()` on prompts with images.
+
+    Each prompt is prepared by `image_prompt_inputs`; `generate()`'s
+    function then runs on each prompt alone, in float32, with no stop
+    tokens.
+
+    Args:
+        preset: A Gemma3, Gemma3n or Gemma4 preset with a vision encoder.
+        prompts: `(text, images)` pairs; `images` a list of PIL images.
+        max_new_tokens: Tokens to generate per prompt.
+
+    Returns:
+        A list of `(prompt_ids, generated_ids)` pairs of int lists.
+    """
+    causal_lm, tokenizer, converter = image_parts(preset)
+    causal_lm.compile(sampler="greedy")
+    generate_function = causal_lm.make_generate_function()
+    results = []
+    for text, images in prompts:
+        ids, inputs = image_prompt_inputs(
+            causal_lm, tokenizer, converter, text, images, max_new_tokens
+        )
+        outputs = generate_function(inputs, stop_token_ids=None)
+        generated = keras.ops.convert_to_numpy(outputs["token_ids"])[0]
+        results.append((ids, generated[len(ids) : len(ids) + max_new_tokens].tolist()))
+    return results
+
+
+def gemma4_full_forward_with_images(preset, prompts, max_new_tokens):
+    """Greedy tokens of a Gemma4 backbone's full forward on prompts with images.
+
+    Each step runs the backbone's graph on the prompt plus the tokens so
+    far, with no cache, and takes the argmax at the last position. This is
+    the oracle for `use_vision_bidirectional_attention` presets: their
+    graph attends bidirectionally within each image, but `generate()`
+    (KerasHub 0.32) prefills through the cache, where the decoder block
+    never applies it (`Gemma4TextDecoderBlock._compute_attention_mask`:
+    `cache is None`), so it attends causally over the image.
+
+    Arguments and return value as `keras_hub_greedy_with_images`.
+    """
+    import torch
+
+    causal_lm, tokenizer, converter = image_parts(preset)
+    results = []
+    for text, images in prompts:
+        ids, inputs = image_prompt_inputs(causal_lm, tokenizer, converter, text, images, 0)
+        inputs = {k: keras.ops.convert_to_numpy(v) for k, v in inputs.items()}
+        if not images:
+            patch = 3 * converter.patch_size**2
+            inputs.update(
+                pixel_values=np.zeros((1, 0, 0, patch), "float32"),
+                pixel_position_ids=np.zeros((1, 0, 0, 2), "int32"),
+                vision_mask=np.zeros_like(inputs["token_ids"], "int32"),
+                vision_indices=np.zeros((1, 0), "int32"),
+            )
+        generated = []
+        for _ in range(max_new_tokens):
+            length = len(ids) + len(generated)
+            step = dict(inputs)
+            step["token_ids"] = np.array([ids + generated], "int32")
+            step["padding_mask"] = np.ones((1, length), "int32")
+            step["position_ids"] = np.arange(length, dtype="int32")[None]
+            step["vision_mask"] = np.pad(
+                inputs["vision_mask"], ((0, 0), (0, len(generated)))
+            ).astype("int32")
+            with torch.inference_mode():
+                logits = causal_lm(
+                    {k: torch.as_tensor(v) for k, v in step.items()}, training=False
+                )
+            generated.append(int(np.argmax(keras.ops.convert_to_numpy(logits)[0, -1])))
+        results.append((ids, generated))
+    return results

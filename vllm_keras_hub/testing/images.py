@@ -1,0 +1,50 @@
+"""Images, requests and checks shared by the image tests."""
+
+import numpy as np
+from PIL import Image
+
+
+def random_image(seed, height=40, width=50):
+    """A PIL image of random pixels."""
+    pixels = np.random.default_rng(seed).integers(0, 255, (height, width, 3), np.uint8)
+    return Image.fromarray(pixels)
+
+
+# Three aspect ratios (Gemma4 pads each image's patches by its own).
+IMAGES = [random_image(0), random_image(1, 64, 30), random_image(2, 20, 80)]
+
+
+def batch_prompts(placeholder):
+    """`(text, images)` prompts with 0, 1 and 2 images, for one batch.
+
+    The two-image prompt's images have the same size: KerasHub 0.32's Gemma4
+    pools a batch of images by the widest one's grid, so its `generate()`
+    is only exact for images of one size at a time (`vision.py`).
+    """
+    return [
+        (f"a {placeholder} caption", [IMAGES[0]]),
+        ("Hello there", []),
+        (f"two {placeholder} and {placeholder} compared", [IMAGES[0], random_image(3)]),
+        (f"a {placeholder} caption", [IMAGES[1]]),
+        (f"a {placeholder} caption", [IMAGES[2]]),
+    ]
+
+
+def request(text, images):
+    """A `vllm.LLM.generate` prompt with `images`, or the text alone."""
+    if not images:
+        return text
+    return {"prompt": text, "multi_modal_data": {"image": images}}
+
+
+def assert_tokens(outputs, expected):
+    """Each output's prompt and generated ids equal the oracle's."""
+    for output, (prompt_ids, generated) in zip(outputs, expected, strict=True):
+        assert output.prompt_token_ids == prompt_ids
+        assert list(output.outputs[0].token_ids) == generated
+
+
+def image_positions(ids):
+    """Positions of the image soft tokens: the most frequent id of a prompt."""
+    soft = max(set(ids), key=ids.count)
+    return [i for i, token in enumerate(ids) if token == soft]
