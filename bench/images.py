@@ -13,7 +13,7 @@ generates one token:
 - `keras_hub`: vllm-keras-hub's engine (eager), timed around
   `LLM.generate`; its encoder time is `embed_multimodal`'s, inside;
 - `keras_generate`: the preset's own `generate()` function after the
-  preset's image converter and tokenizer (`oracle.image_prompt_inputs`), as
+  preset's image converter and tokenizer (`image_oracle.image_prompt_inputs`), as
   the test oracle runs it; its encoder time is the vision encoder's on the
   same pixels, timed again on its own.
 Prints the ratio and each encoder's share of the time to first token, and
@@ -110,7 +110,7 @@ def run_keras_generate(preset, runs):
     import torch
     from keras_hub.src.layers.preprocessing.image_converter import ImageConverter
 
-    from vllm_keras_hub.testing.oracle import image_prompt_inputs
+    from vllm_keras_hub.testing.image_oracle import image_prompt_inputs
 
     tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
     converter = ImageConverter.from_preset(preset)

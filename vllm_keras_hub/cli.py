@@ -90,9 +90,10 @@ def serve(model, vllm_argv):
 
     from vllm_keras_hub.config import LOAD_FORMAT
     from vllm_keras_hub.config import check_hybrid_settings
-    from vllm_keras_hub.config import check_image_settings
     from vllm_keras_hub.config import check_parallelism
-    from vllm_keras_hub.config import image_limit
+    from vllm_keras_hub.image_config import check_image_settings
+    from vllm_keras_hub.image_config import image_limit
+    from vllm_keras_hub.image_config import needs_whole_images
     from vllm_keras_hub.llm import default_kv_cache_bytes
     from vllm_keras_hub.lora import adapter_loader_config
     from vllm_keras_hub.plugin import register
@@ -131,11 +132,13 @@ def serve(model, vllm_argv):
         if folder.images:
             from vllm_keras_hub.scheduler import IMAGE_SCHEDULER
 
-            if "--disable-chunked-mm-input" not in given:
-                args.disable_chunked_mm_input = True
-            if args.scheduler_cls is None:
-                args.scheduler_cls = IMAGE_SCHEDULER
+            if needs_whole_images(folder.images):
+                if "--disable-chunked-mm-input" not in given:
+                    args.disable_chunked_mm_input = True
+                if args.scheduler_cls is None:
+                    args.scheduler_cls = IMAGE_SCHEDULER
             check_image_settings(
+                folder.images,
                 image_limit(args.limit_mm_per_prompt),
                 args.enable_chunked_prefill is not False,
                 not args.disable_chunked_mm_input,
@@ -170,6 +173,7 @@ def serve(model, vllm_argv):
 def export(model, directory):
     """Writes the model folder of MODEL into `directory` (new or empty)."""
     from vllm_keras_hub.config import LOAD_FORMAT
+    from vllm_keras_hub.image_config import needs_whole_images
     from vllm_keras_hub.preset_folder import write_model_folder
 
     preset, _ = _preset_of(model)
@@ -181,11 +185,12 @@ def export(model, directory):
     if tokenizer_mode != "auto":
         flags += f" --tokenizer-mode {tokenizer_mode}"
     with open(os.path.join(directory, "config.json")) as f:
-        if "keras_hub_image" in json.load(f):
-            from vllm_keras_hub.scheduler import IMAGE_SCHEDULER
+        image = json.load(f).get("keras_hub_image")
+    if image and needs_whole_images(image):
+        from vllm_keras_hub.scheduler import IMAGE_SCHEDULER
 
-            # What `serve` sets for images (`config.check_image_settings`).
-            flags += f" --disable-chunked-mm-input --scheduler-cls {IMAGE_SCHEDULER}"
+        # What `serve` sets for such images (`image_config.check_image_settings`).
+        flags += f" --disable-chunked-mm-input --scheduler-cls {IMAGE_SCHEDULER}"
     print(f"Wrote {directory}. Serve it with vLLM (vllm-keras-hub installed):")
     print(f"  vllm serve {directory} {flags}")
     print(f"  python -m vllm.entrypoints.openai.api_server --model {directory} {flags}")
@@ -253,8 +258,10 @@ def main(argv=None):
     else:
         args = parser.parse_args(argv)
 
+    from vllm_keras_hub.config import UnsupportedHybridConfigError
     from vllm_keras_hub.config import UnsupportedParallelismError
     from vllm_keras_hub.families import UnsupportedFamilyError
+    from vllm_keras_hub.image_config import UnsupportedImageServingError
     from vllm_keras_hub.lora import LoraAdapterError
     from vllm_keras_hub.lora_adapters import UnsupportedLoraError
     from vllm_keras_hub.preset_folder import PresetError
@@ -270,6 +277,8 @@ def main(argv=None):
         PresetError,
         UnsupportedFamilyError,
         UnsupportedParallelismError,
+        UnsupportedHybridConfigError,
+        UnsupportedImageServingError,
         LoraAdapterError,
         UnsupportedLoraError,
         FileExistsError,

@@ -13,8 +13,14 @@ MODEL_TYPE = "keras_hub_torch"
 ARCHITECTURE = "KerasHubForCausalLM"
 # The model class of presets that mix attention with recurrent-state layers.
 HYBRID_ARCHITECTURE = "KerasHubHybridForCausalLM"
-# The model class of presets served with images (`vision.py`).
-VISION_ARCHITECTURE = "KerasHubVisionForCausalLM"
+# The model classes of presets served with images (`vision.py`), by
+# backbone: one per family, as vLLM names a multimodal model class per
+# family, since each has its own image placeholder.
+VISION_ARCHITECTURES = {
+    "Gemma3Backbone": "KerasHubVisionForCausalLM",
+    "Gemma3nBackbone": "KerasHubGemma3nVisionForCausalLM",
+    "Gemma4Backbone": "KerasHubGemma4VisionForCausalLM",
+}
 # The load format that builds a KerasHub model from its preset (`loader.py`).
 LOAD_FORMAT = "keras_hub"
 # The tokenizer mode under which keras-hub's own `KerasHubTokenizer` serves a
@@ -94,29 +100,6 @@ def hybrid_fields(backbone_config):
         return {}
     fields = {name: int(backbone_config[name]) for name in _LINEAR_ATTENTION_FIELDS}
     return dict(architectures=[HYBRID_ARCHITECTURE], layer_types=list(layer_types), **fields)
-
-
-def image_fields(backbone_class, backbone_config, tokenizer):
-    """The `config.json` fields of a preset served with images; `{}` if none.
-
-    Gemma3 presets with a vision encoder (`gemma3_4b` and up) get
-    `VISION_ARCHITECTURE` and `keras_hub_image`: the image placeholder and
-    the tokens it expands to (`Gemma3CausalLMPreprocessor`) and the
-    encoder's image size. Gemma3n and Gemma4 serve text only.
-    """
-    encoder = backbone_config.get("vision_encoder")
-    if backbone_class != "Gemma3Backbone" or not encoder:
-        return {}
-    encoder = encoder["config"]
-    patches = (encoder["image_size"] // encoder["patch_size"]) ** 2
-    image = dict(
-        placeholder=tokenizer.start_of_image_token,
-        image_token=tokenizer.image_placeholder,
-        end_token=tokenizer.end_of_image_token,
-        tokens_per_image=patches // encoder["pool_size"] ** 2,
-        image_size=int(encoder["image_size"]),
-    )
-    return dict(architectures=[VISION_ARCHITECTURE], keras_hub_image=image)
 
 
 def register_config():
@@ -256,79 +239,4 @@ def check_hybrid_settings(
             "LoRA adapters per request (--enable-lora) are not supported for "
             "hybrid (Gated DeltaNet) presets yet: no test proves them exact "
             "there. Serve without --enable-lora."
-        )
-
-
-class UnsupportedImageServingError(ValueError):
-    """Engine settings under which images cannot be served exactly."""
-
-
-def image_limit(limit_mm_per_prompt):
-    """The image limit per prompt of vLLM's `limit_mm_per_prompt`, or `None`."""
-    limit = (limit_mm_per_prompt or {}).get("image")
-    if isinstance(limit, dict):
-        limit = limit.get("count")
-    return limit
-
-
-def check_image_settings(
-    images_per_prompt,
-    chunked_prefill,
-    chunked_images,
-    pipeline_parallel_size=1,
-    scheduler_cls=None,
-):
-    """Raises for engine settings under which images would not be exact.
-
-    Checked before the engine starts (`KerasHubLLM`, `serve`, which also
-    set `disable_chunked_mm_input` and `scheduler_cls`) and again by the
-    model class, for plain `vllm` commands.
-
-    Args:
-        images_per_prompt: vLLM's image limit per prompt (0: text only;
-            `None`: vLLM's default).
-        chunked_prefill: vLLM's `enable_chunked_prefill`.
-        chunked_images: Whether vLLM may split an image over two steps
-            (`not disable_chunked_mm_input`).
-        pipeline_parallel_size: vLLM's `pipeline_parallel_size`.
-        scheduler_cls: vLLM's `scheduler_cls`.
-
-    Raises:
-        UnsupportedImageServingError: naming the setting and the fix.
-    """
-    from vllm.platforms import current_platform
-
-    if images_per_prompt == 0:
-        return
-    if not current_platform.is_cpu():
-        raise UnsupportedImageServingError(
-            "Images for Gemma3 are served on the CPU only so far: their "
-            "bidirectional attention within each image is computed with "
-            "vLLM's CPU attention kernel. Serve text only with "
-            "--limit-mm-per-prompt '{\"image\": 0}'."
-        )
-    if chunked_prefill and chunked_images:
-        raise UnsupportedImageServingError(
-            "Gemma3 attends bidirectionally within each image, so an image "
-            "must never be split over two prefill chunks. Serve with "
-            "--disable-chunked-mm-input."
-        )
-    if pipeline_parallel_size and pipeline_parallel_size > 1:
-        raise UnsupportedImageServingError(
-            "Images are not served with pipeline parallelism yet. Serve "
-            "text only with --limit-mm-per-prompt '{\"image\": 0}'."
-        )
-    from vllm_keras_hub.scheduler import IMAGE_SCHEDULER
-    from vllm_keras_hub.scheduler import ImageScheduler
-
-    if isinstance(scheduler_cls, type):
-        holds_images = issubclass(scheduler_cls, ImageScheduler)
-    else:
-        holds_images = scheduler_cls == IMAGE_SCHEDULER
-    if chunked_prefill and not holds_images:
-        raise UnsupportedImageServingError(
-            "With chunked prefill, vLLM's scheduler can split the rest of an "
-            "image a prefix-cache hit cut into over two steps, and Gemma3's "
-            "bidirectional attention within the image would miss its later "
-            f"tokens. Serve with --scheduler-cls {IMAGE_SCHEDULER}."
         )

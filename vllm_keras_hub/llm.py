@@ -16,8 +16,9 @@ from vllm_keras_hub import lora_adapters  # noqa: E402
 from vllm_keras_hub.config import LOAD_FORMAT  # noqa: E402
 from vllm_keras_hub.config import check_parallelism  # noqa: E402
 from vllm_keras_hub.config import check_hybrid_settings  # noqa: E402
-from vllm_keras_hub.config import check_image_settings  # noqa: E402
-from vllm_keras_hub.config import image_limit  # noqa: E402
+from vllm_keras_hub.image_config import check_image_settings  # noqa: E402
+from vllm_keras_hub.image_config import image_limit  # noqa: E402
+from vllm_keras_hub.image_config import needs_whole_images  # noqa: E402
 from vllm_keras_hub.lora import adapter_loader_config  # noqa: E402
 from vllm_keras_hub.plugin import register  # noqa: E402
 from vllm_keras_hub.scheduler import IMAGE_SCHEDULER  # noqa: E402
@@ -111,15 +112,18 @@ class KerasHubLLM(vllm.LLM):
                         mamba_cache_mode=kwargs.get("mamba_cache_mode"),
                         enable_lora=kwargs.get("enable_lora", False),
                     )
-                if self.model_folder.images:
-                    kwargs.setdefault("disable_chunked_mm_input", True)
-                    kwargs.setdefault("scheduler_cls", IMAGE_SCHEDULER)
+                image = self.model_folder.images
+                if image:
+                    if needs_whole_images(image):
+                        kwargs.setdefault("disable_chunked_mm_input", True)
+                        kwargs.setdefault("scheduler_cls", IMAGE_SCHEDULER)
                     check_image_settings(
+                        image,
                         image_limit(kwargs.get("limit_mm_per_prompt")),
                         kwargs.get("enable_chunked_prefill", True) is not False,
-                        not kwargs["disable_chunked_mm_input"],
+                        not kwargs.get("disable_chunked_mm_input", False),
                         kwargs.get("pipeline_parallel_size"),
-                        kwargs["scheduler_cls"],
+                        kwargs.get("scheduler_cls"),
                     )
                 if kwargs.get("enable_lora"):
                     lora_adapters.check_lora_serving(

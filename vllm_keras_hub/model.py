@@ -150,8 +150,8 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         self._route_layers = []
         # Matmul layers moved to vLLM's prepacked CPU GEMM (`layers/linear.py`).
         self.cpu_gemm_layers = 0
-        # Image rows attend bidirectionally (`layers/image_attention.py`).
-        self.bidirectional_images = False
+        # The backbone's index of each vLLM `Attention`'s layer.
+        self.attending_layers = []
 
     @property
     def _name(self):
@@ -186,6 +186,7 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         from vllm.distributed import get_pp_group
 
         model_config = self.vllm_config.model_config
+        self._dtype = model_config.dtype
         pp = get_pp_group()
         stage = pipeline.stage(backbone, pp.rank_in_group, pp.world_size)
         weights.release(stage.unused_variables())
@@ -233,30 +234,34 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         probe.check_moe_routes(routes, moe_blocks, self._name)
         probe.check_state_routes(routes, state_layers, self._name)
         probe.check_kv_sharing(routes.specs)
+        self.backbone = backbone
         if current_platform.is_cpu():
             self.cpu_gemm_layers = use_vllm_cpu_gemm(
-                backbone, lambda: probe.run(stage)
+                backbone, lambda: self._serving_step(stage)
             )
             logger.info(
                 "%d KerasHub matmul layers run on vLLM's CPU GEMM",
                 self.cpu_gemm_layers,
             )
         attending = attention_layers.attention_indices(stage.layers)
+        self.attending_layers = [stage.start + index for index in attending]
         with set_current_vllm_config(self.vllm_config), torch.device(device):
             self.attention = nn.ModuleList(
                 attention_layers.build(
                     routes.specs,
                     f"{self.prefix}attention.",
                     self.vllm_config.cache_config,
-                    [stage.start + index for index in attending],
+                    self.attending_layers,
                 )
             )
-        self.backbone = backbone
         self.stage = stage
         self._final_logit_cap = task_final_logit_cap(self.preset)
         self.attention_specs = routes.specs
         self._route_layers = routes.attention_layers
-        self._dtype = model_config.dtype
+
+    def _serving_step(self, stage):
+        """Runs the backbone once as serving will (the CPU GEMM's check)."""
+        probe.run(stage)
 
     def _lora_layers(self, backbone, moe_blocks):
         if moe_blocks:
@@ -316,12 +321,13 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         def paged_attention(attention, query, key, value, *args, **kwargs):
             routed.append(attention)
             dtype = self._dtype
+            query = query.to(dtype)
             if attention.kv_sharing_target_layer_name is not None:
                 # It attends over its target's cache and writes none.
-                return attention, attention(query.to(dtype), None, None)
-            query = query.to(dtype)
-            output = attention(query, key.to(dtype), value.to(dtype))
-            if self.bidirectional_images:
+                output = attention(query, None, None)
+            else:
+                output = attention(query, key.to(dtype), value.to(dtype))
+            if image_attention.marked(attention):
                 output = image_attention.attend_images(attention, query, output)
             return attention, output
 

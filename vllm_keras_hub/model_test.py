@@ -305,7 +305,8 @@ def test_multimodal_presets_serve_text_as_generate(family, tmp_path):
 
     Their backbones' graphs demand image/audio inputs; serving runs their
     text path, and matches `generate()` (Qwen3.5: the full forward) on text
-    prompts. Gemma3's images: `vision_test.py`; the others' are not served.
+    prompts. Their images: `vision*_test.py` (these test presets carry no
+    image converter, or, Gemma4, no image tokens, so they serve text).
     """
     preset = build_tiny_preset(family, str(tmp_path), multimodal=True)
     oracle = keras_hub_greedy

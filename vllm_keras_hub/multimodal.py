@@ -4,15 +4,18 @@ vLLM's front end turns each request's images into model inputs with the
 model's registered processor, before the engine schedules it. Ours does
 what the preset's own `CausalLMPreprocessor` does, with the preset's own
 parts and no Hugging Face processor:
-- the preset's `ImageConverter` resizes and rescales each image;
+- the preset's `ImageConverter` resizes and rescales each image (Gemma4's
+  also cuts it into patches, padded by its aspect ratio, with their
+  positions);
 - each image placeholder in the prompt expands as KerasHub expands it
-  (Gemma3: `\\n\\n<start_of_image>` + one `<img>` per soft token +
-  `<end_of_image>\\n\\n`), its newlines merged with the text around them
-  as KerasHub's tokenizer merges them (`expand_placeholders`);
+  (Gemma3, Gemma3n: `\\n\\n<start_of_image>` + one soft token per
+  embedding + `<end_of_image>\\n\\n`, the newlines merged with the text
+  around them as KerasHub's tokenizer merges them; Gemma4: `<|image>` +
+  `<|image|>` per embedding + `<image|>`) (`expand_placeholders`);
 - vLLM's encoder cache, multimodal prefix-cache hashing and scheduler see
   each image as the span of its soft tokens.
 
-`config.json` carries the image format (`config.image_fields`). The model
+`config.json` carries the image format (`image_config.py`). The model
 class (`vision.py`) runs the vision encoder and merges its embeddings.
 """
 
@@ -37,35 +40,57 @@ def _image_converter(preset):
 
 
 def to_pixels(preset, images):
-    """The preset's `ImageConverter` on `images`, as the model's input.
+    """The preset's `ImageConverter` on `images`, as the model's inputs.
 
     Args:
         preset: The KerasHub preset.
         images: PIL images (vLLM's parsed image items).
 
     Returns:
-        `(num_images, size, size, 3)` float32 pixels.
+        A dict of float32 tensors, one row per image: `pixel_values`
+        (`(num_images, height, width, 3)`; Gemma4: `(num_images, patches,
+        3 * patch_size**2)`), and Gemma4's `pixel_position_ids`.
     """
     import numpy as np
     from keras import ops
 
     converter = _image_converter(preset)
-    pixels = [
-        ops.convert_to_numpy(converter(np.asarray(image.convert("RGB"), "float32")))
-        for image in images
-    ]
-    return torch.from_numpy(np.stack(pixels)).float()
+    rows = []
+    for image in images:
+        pixels = np.asarray(image.convert("RGB"), "float32")
+        if _cuts_patches(converter):
+            # Gemma4's converter takes a batch (its resize reads the batch's
+            # height and width).
+            converted = converter(pixels[None])
+            rows.append({k: ops.convert_to_numpy(v)[0] for k, v in converted.items()})
+        else:
+            rows.append({"pixel_values": ops.convert_to_numpy(converter(pixels))})
+    return {key: torch.from_numpy(np.stack([row[key] for row in rows])) for key in rows[0]}
+
+
+def _cuts_patches(converter):
+    return hasattr(converter, "max_soft_tokens")
+
+
+def image_span(vocab, image):
+    """The token ids one image's placeholder expands to, newlines aside."""
+    return (
+        [vocab[image["start_token"]]]
+        + [vocab[image["image_token"]]] * image["tokens_per_image"]
+        + [vocab[image["end_token"]]]
+    )
 
 
 def expand_placeholders(token_ids, tokenizer, image):
     """The prompt's ids with each image placeholder expanded as KerasHub does.
 
     KerasHub replaces each placeholder in the prompt's text, then tokenizes
-    the result whole (`Gemma3CausalLMPreprocessor`), so the expansion's
+    the result whole (e.g. `Gemma3CausalLMPreprocessor`), so the expansion's
     newlines merge with the text around them. Special tokens are split
     points of both tokenizers, so each stretch of text between two of them
     is decoded, given its newlines and encoded again, and special tokens
-    (the start token, turn markers) are kept as they are.
+    (the start token, turn markers) are kept as they are. Without newlines
+    (Gemma4), the text is left as it was tokenized.
 
     Args:
         token_ids: The prompt's token ids.
@@ -77,11 +102,13 @@ def expand_placeholders(token_ids, tokenizer, image):
     """
     vocab = tokenizer.get_vocab()
     placeholder = vocab[image["placeholder"]]
-    span = (
-        [placeholder]
-        + [vocab[image["image_token"]]] * image["tokens_per_image"]
-        + [vocab[image["end_token"]]]
-    )
+    span = image_span(vocab, image)
+    newlines = image["newlines"]
+    if not newlines:
+        new_ids = []
+        for token in token_ids:
+            new_ids += span if token == placeholder else [token]
+        return new_ids
     atomic = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
     pieces, run = [], []
     for token in [*token_ids, None]:
@@ -92,7 +119,7 @@ def expand_placeholders(token_ids, tokenizer, image):
             pieces.append(tokenizer.decode(run, skip_special_tokens=False))
             run = []
         if token == placeholder:
-            pieces += ["\n\n", span, "\n\n"]
+            pieces += [newlines, span, newlines]
         elif token is not None:
             pieces.append([token])
     new_ids, text = [], ""
@@ -168,23 +195,18 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
         from transformers.feature_extraction_utils import BatchFeature
 
         preset = self.info.get_hf_config().keras_hub_preset
-        return BatchFeature({"pixel_values": to_pixels(preset, hf_data["images"])})
+        return BatchFeature(to_pixels(preset, hf_data["images"]))
 
     def _get_mm_fields_config(self, hf_inputs, hf_processor_mm_kwargs):
         from vllm.multimodal.inputs import MultiModalFieldConfig
 
-        return {"pixel_values": MultiModalFieldConfig.batched("image")}
+        return {key: MultiModalFieldConfig.batched("image") for key in hf_inputs}
 
     def _get_prompt_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs):
         image = self.info.image
-        tokenizer = self.info.get_tokenizer()
-        vocab = tokenizer.get_vocab()
+        vocab = self.info.get_tokenizer().get_vocab()
         soft_token = vocab[image["image_token"]]
-        span = (
-            [vocab[image["placeholder"]]]
-            + [soft_token] * image["tokens_per_image"]
-            + [vocab[image["end_token"]]]
-        )
+        span = image_span(vocab, image)
         return [
             PromptReplacement(
                 modality="image",

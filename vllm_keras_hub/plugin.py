@@ -9,7 +9,6 @@ built (see `backend.py` for why that matters).
 
 ARCHITECTURE_CLASS = "vllm_keras_hub.model:KerasHubForCausalLM"
 HYBRID_ARCHITECTURE_CLASS = "vllm_keras_hub.hybrid:KerasHubHybridForCausalLM"
-VISION_ARCHITECTURE_CLASS = "vllm_keras_hub.vision:KerasHubVisionForCausalLM"
 
 
 def register():
@@ -35,10 +34,11 @@ def register():
         ModelRegistry.register_model(
             config.HYBRID_ARCHITECTURE, HYBRID_ARCHITECTURE_CLASS
         )
-    if config.VISION_ARCHITECTURE not in supported:
-        ModelRegistry.register_model(
-            config.VISION_ARCHITECTURE, VISION_ARCHITECTURE_CLASS
-        )
+    for architecture in config.VISION_ARCHITECTURES.values():
+        if architecture not in supported:
+            ModelRegistry.register_model(
+                architecture, f"vllm_keras_hub.vision:{architecture}"
+            )
     # For tokenizers that cannot be exported exactly: keras-hub's own adapter.
     TokenizerRegistry.register(
         config.KERAS_HUB_TOKENIZER_MODE, "keras_hub.src.vllm.tokenizer", "KerasHubTokenizer"

@@ -21,6 +21,7 @@ import weakref
 from vllm_keras_hub import chat_templates
 from vllm_keras_hub import config as config_lib
 from vllm_keras_hub import families
+from vllm_keras_hub import image_config
 from vllm_keras_hub import sampling
 from vllm_keras_hub import tokenizer_export
 
@@ -248,7 +249,7 @@ def write_model_folder(preset, directory, max_model_len=None):
             "architectures": [config_lib.ARCHITECTURE],
             **dims,
             **config_lib.hybrid_fields(backbone_config),
-            **config_lib.image_fields(family.backbone, backbone_config, tokenizer),
+            **image_config.image_fields(preset, family.backbone, backbone_config, tokenizer),
         },
     )
     model_config.save_pretrained(directory)
@@ -366,8 +367,9 @@ class ModelFolder:
         with open(os.path.join(self.path, "config.json")) as f:
             config = json.load(f)
         self.family = families.family_by_name(config["keras_hub_family"])
-        # Served with images (`multimodal.py`).
-        self.images = "keras_hub_image" in config
+        # The image format of a preset served with images (`image_config.py`),
+        # else `None`.
+        self.images = config.get("keras_hub_image")
 
     def cleanup(self):
         """Lets go of the folder now. Safe to call more than once."""

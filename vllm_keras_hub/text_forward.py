@@ -23,16 +23,18 @@ def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidd
             pipeline stage of a backbone whose text path is a loop over its
             layers (Gemma3 vision presets); `pipeline.py` cuts the others.
         hidden: The hidden states entering layer `start`; at layer 0, the
-            input embeddings (a Gemma3 vision preset's, images merged in).
+            input embeddings of a preset served with images, images merged
+            in (`vision.py`). Gemma4 then needs `token_ids` zero at its
+            image tokens, as its graph makes them for its per-layer inputs.
 
     Returns:
         `(batch, length, hidden_size)` hidden states.
     """
     name = type(backbone).__name__
     if name == "Gemma3nBackbone":
-        return _gemma3n(backbone, token_ids, padding_mask)
+        return _gemma3n(backbone, token_ids, padding_mask, hidden)
     if name == "Gemma4Backbone":
-        return _gemma4(backbone, token_ids, padding_mask, positions)
+        return _gemma4(backbone, token_ids, padding_mask, positions, hidden)
     if name == "Gemma3Backbone" and not backbone.text_only_model:
         return _gemma3_vision(backbone, token_ids, padding_mask, layers, hidden)
     if name in ("Qwen3_5Backbone", "Qwen3_5MoeBackbone") and not backbone.text_only_model:
@@ -66,24 +68,34 @@ def _qwen3_5_vision(backbone, token_ids, padding_mask):
     return backbone.layer_norm(x)
 
 
-def _gemma3n(backbone, token_ids, padding_mask):
-    # `Gemma3nCausalLM.call_with_cache` without images or audio: the
-    # embedding processor (token and per-layer embeddings), then the text
-    # model (AltUp, Laurel, layers, final norm).
-    embeddings, per_layer_inputs = backbone.embedding_processor(
-        {"token_ids": token_ids}
-    )
+def _gemma3n(backbone, token_ids, padding_mask, embeddings=None):
+    # `Gemma3nCausalLM.call_with_cache`: the embedding processor (token and
+    # per-layer embeddings), then the text model (AltUp, Laurel, layers,
+    # final norm). With images, the processor's per-layer inputs, projected
+    # with the embeddings the images were merged into.
+    processor = backbone.embedding_processor
+    if embeddings is None:
+        embeddings, per_layer_inputs = processor({"token_ids": token_ids})
+    else:
+        in_vocabulary = ops.logical_and(
+            token_ids >= 0, token_ids < processor.vocab_size_per_layer_input
+        )
+        per_layer_ids = ops.where(in_vocabulary, token_ids, ops.zeros_like(token_ids))
+        text_model = backbone.language_model
+        per_layer_inputs = text_model.project_per_layer_inputs(
+            embeddings, text_model.get_per_layer_inputs(per_layer_ids)
+        )
     return backbone.language_model(
         token_ids, ops.cast(padding_mask, "bool"), embeddings, per_layer_inputs
     )
 
 
-def _gemma4(backbone, token_ids, padding_mask, positions):
-    # `Gemma4Backbone`'s graph on text positions (as its `CausalLM`'s
-    # `call_with_cache`, with no cache): scaled token embeddings, per-layer
-    # inputs where the preset has them, and each KV-sharing layer handed its
-    # source layer's K/V.
-    x = backbone.token_embedding(token_ids)
+def _gemma4(backbone, token_ids, padding_mask, positions, embeddings=None):
+    # `Gemma4Backbone`'s graph (as its `CausalLM`'s `call_with_cache`, with
+    # no cache): scaled token embeddings (or the given ones, images merged
+    # in and scaled), per-layer inputs where the preset has them, and each
+    # KV-sharing layer handed its source layer's K/V.
+    x = backbone.token_embedding(token_ids) if embeddings is None else embeddings
     per_layer = backbone.hidden_size_per_layer_input
     if per_layer > 0:
         per_layer_embedding = ops.cast(
@@ -92,7 +104,8 @@ def _gemma4(backbone, token_ids, padding_mask, positions):
         per_layer_embedding = per_layer_embedding * ops.cast(
             float(per_layer) ** 0.5, x.dtype
         )
-    x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
+    if embeddings is None:
+        x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
     if per_layer > 0:
         per_layer_projection = backbone.per_layer_model_projection(x)
         per_layer_projection = per_layer_projection * ops.cast(

@@ -1,16 +1,26 @@
-"""The vLLM model class of presets served with images (Gemma3 vision).
+"""The vLLM model classes of presets served with images, one per family.
 
 vLLM serves a `SupportsMultiModal` model in three calls per step: its
 encoder cache asks `embed_multimodal` for each new image's embeddings,
 `embed_input_ids` merges them into the step's token embeddings, and
-`forward` runs the layers on those embeddings. Here the preset's own vision
-encoder (`Gemma3VisionEncoder`: SigLIP, pooled and projected to the text
-width) computes the embeddings, and they take the image tokens' places as
-`Gemma3InterleaveEmbeddings` places them: the text embeddings scaled by
-sqrt(hidden), the image embeddings not. The layers are
-`KerasHubForCausalLM`'s, with each attention layer's image rows attended
-bidirectionally (`layers/image_attention.py`). The processor is
-`multimodal.py`'s.
+`forward` runs the layers on those embeddings (with the step's token ids
+too: `requires_raw_input_tokens`, for Gemma3n's and Gemma4's per-layer
+inputs). Each family's own vision encoder computes the embeddings, and they
+take the image tokens' places as its backbone places them:
+- Gemma3 (`Gemma3InterleaveEmbeddings`): SigLIP, pooled and projected; the
+  text embeddings scaled by sqrt(hidden), the images not. Every layer
+  attends bidirectionally within each image (`layers/image_attention.py`).
+- Gemma3n (`Gemma3nMultimodalEmbeddingProcessor`): MobileNet-v5, its
+  features scaled by sqrt(features) and embedded by the vision embedder;
+  the text embeddings (and its vision vocabulary's hard embeddings) are the
+  processor's own. The per-layer inputs are projected from the merged
+  embeddings (`text_forward.py`). Causal.
+- Gemma4 (`Gemma4Backbone`): its ViT, each image encoded alone; the images
+  scaled by 1/sqrt(hidden), merged, then all scaled by sqrt(hidden); the
+  per-layer token ids zero at image tokens. With
+  `use_vision_bidirectional_attention`, its sliding-window layers attend
+  bidirectionally within each image; otherwise causal.
+The layers are `KerasHubForCausalLM`'s; the processor is `multimodal.py`'s.
 """
 
 from vllm_keras_hub.backend import require_torch_backend
@@ -26,22 +36,25 @@ from vllm.model_executor.models.interfaces import SupportsMultiModal  # noqa: E4
 from vllm.model_executor.models.utils import _merge_multimodal_embeddings  # noqa: E402
 from vllm.multimodal import MULTIMODAL_REGISTRY  # noqa: E402
 
-from vllm_keras_hub.config import check_image_settings  # noqa: E402
+from vllm_keras_hub.image_config import check_image_settings  # noqa: E402
 from vllm_keras_hub.layers import image_attention  # noqa: E402
 from vllm_keras_hub.layers.attention import token_embedding  # noqa: E402
+from vllm_keras_hub.layers.attention import transformer_layers  # noqa: E402
 from vllm_keras_hub.model import KerasHubForCausalLM  # noqa: E402
+from vllm_keras_hub.model import RouteError  # noqa: E402
 from vllm_keras_hub.multimodal import KerasHubDummyInputsBuilder  # noqa: E402
 from vllm_keras_hub.multimodal import KerasHubMultiModalProcessor  # noqa: E402
 from vllm_keras_hub.multimodal import KerasHubProcessingInfo  # noqa: E402
 
-
-@MULTIMODAL_REGISTRY.register_processor(
+_register = MULTIMODAL_REGISTRY.register_processor(
     KerasHubMultiModalProcessor,
     info=KerasHubProcessingInfo,
     dummy_inputs=KerasHubDummyInputsBuilder,
 )
-class KerasHubVisionForCausalLM(KerasHubForCausalLM, SupportsMultiModal):
-    """A KerasHub Gemma3 preset with a vision encoder, served with images.
+
+
+class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
+    """A KerasHub preset with a vision encoder, served with images.
 
     Args:
         vllm_config: The engine's `VllmConfig`.
@@ -49,50 +62,84 @@ class KerasHubVisionForCausalLM(KerasHubForCausalLM, SupportsMultiModal):
     """
 
     takes_embeddings = True
+    requires_raw_input_tokens = True
+    # What vLLM's chat renderer writes for an image part, where a chat
+    # template takes string contents: the family's placeholder.
+    placeholder = None
+    family_name = None
 
     @classmethod
     def get_placeholder_str(cls, modality, i):
-        # Where vLLM's chat renderer puts an image part: Gemma3's marker.
         if modality.startswith("image"):
-            return "<start_of_image>"
+            return cls.placeholder
         raise ValueError(
-            f"KerasHub Gemma3 presets take images, not {modality}: send "
-            "image parts only."
+            f"KerasHub {cls.family_name} presets take images, not {modality}: "
+            "send image parts only."
         )
 
     def __init__(self, *, vllm_config, prefix=""):
         scheduler = vllm_config.scheduler_config
-        mm_config = vllm_config.model_config.get_multimodal_config()
+        model_config = vllm_config.model_config
+        self.image = model_config.hf_config.keras_hub_image
         check_image_settings(
-            mm_config.get_limit_per_prompt("image"),
+            self.image,
+            model_config.get_multimodal_config().get_limit_per_prompt("image"),
             scheduler.enable_chunked_prefill,
             not scheduler.disable_chunked_mm_input,
             vllm_config.parallel_config.pipeline_parallel_size,
             scheduler.scheduler_cls,
         )
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        self.bidirectional_images = True
+
+    def load_preset(self, lora_weights=None):
+        super().load_preset(lora_weights)
+        layers = transformer_layers(self.backbone)
+        bidirectional = self.image["bidirectional"]
+        for attention, index in zip(self.attention, self.attending_layers, strict=True):
+            image_attention.mark(
+                attention,
+                bidirectional == "all"
+                or (bidirectional == "sliding" and not layers[index].is_global_attention),
+            )
+        self._check_encoder()
+
+    def _check_encoder(self):
+        """Raises unless the encoder fills an image's soft tokens exactly."""
+
+    def _serving_step(self, stage):
+        # The encoder too, on an image of the profiling size: layers that
+        # read their own weights (Gemma4's clippable linears) keep them.
+        super()._serving_step(stage)
+        from PIL import Image
+
+        from vllm_keras_hub.multimodal import to_pixels
+
+        size = self.image["image_size"]
+        with torch.inference_mode():
+            self.embed_multimodal(**to_pixels(self.preset, [Image.new("RGB", (size, size))]))
 
     def get_language_model(self):
         return self
 
-    def embed_multimodal(self, pixel_values=None, **kwargs):
+    def embed_multimodal(self, **fields):
         """The preset's vision encoder on a batch of images.
 
         Args:
-            pixel_values: `(num_images, size, size, 3)` from the preset's
-                image converter (`multimodal.to_pixels`).
+            **fields: `pixel_values` (and Gemma4's `pixel_position_ids`),
+                one row per image, from the preset's image converter
+                (`multimodal.to_pixels`).
 
         Returns:
             One `(tokens_per_image, hidden_size)` tensor per image.
         """
+        pixel_values = fields.get("pixel_values")
         if pixel_values is None:
             return []
-        encoder = self.backbone.vision_encoder
-        if isinstance(pixel_values, (list, tuple)):
-            pixel_values = torch.stack(list(pixel_values))
-        embeddings = encoder(pixel_values[:, None])
-        return tuple(embeddings.to(self._dtype))
+        fields = {
+            key: torch.stack(list(value)) if isinstance(value, (list, tuple)) else value
+            for key, value in fields.items()
+        }
+        return tuple(self._encode(**fields).to(self._dtype))
 
     def embed_input_ids(
         self,
@@ -102,19 +149,134 @@ class KerasHubVisionForCausalLM(KerasHubForCausalLM, SupportsMultiModal):
         is_multimodal=None,
         handle_oov_mm_token=False,
     ):
-        """Scaled token embeddings with the images' embeddings in place.
+        """The family's input embeddings, the images' embeddings in place.
 
         Also tells the image attention which of the step's tokens are image
         tokens (vLLM calls this before every step of a multimodal model).
         """
         has_images = bool(multimodal_embeddings) and is_multimodal is not None
         image_attention.set_step(is_multimodal if has_images else None)
+        if not has_images:
+            return self._embed(input_ids, None, None)
+        return self._embed(input_ids, multimodal_embeddings, is_multimodal)
+
+
+@_register
+class KerasHubVisionForCausalLM(_KerasHubImages):
+    """A KerasHub Gemma3 preset with a vision encoder (`gemma3_4b` and up)."""
+
+    placeholder = "<start_of_image>"
+    family_name = "Gemma3"
+
+    def _encode(self, pixel_values):
+        return self.backbone.vision_encoder(pixel_values[:, None])
+
+    def _embed(self, input_ids, images, is_image):
         embeddings = token_embedding(self.backbone)(input_ids)
         # `Gemma3Backbone`: `x * ops.cast(ops.sqrt(hidden_dim), x.dtype)`.
         scale = torch.tensor(math.sqrt(self.backbone.hidden_dim), dtype=torch.float32)
         embeddings = embeddings * scale.to(embeddings.dtype)
-        if has_images:
-            embeddings = _merge_multimodal_embeddings(
-                embeddings, multimodal_embeddings, is_multimodal
+        if images is None:
+            return embeddings
+        return _merge_multimodal_embeddings(embeddings, images, is_image)
+
+
+@_register
+class KerasHubGemma3nVisionForCausalLM(_KerasHubImages):
+    """A KerasHub Gemma3n preset (its vision encoder: MobileNet-v5)."""
+
+    placeholder = "<start_of_image>"
+    family_name = "Gemma3n"
+
+    def _check_encoder(self):
+        encoder = self.backbone.vision_encoder
+        if getattr(encoder, "data_format", "channels_last") != "channels_last":
+            raise RouteError(
+                f"{self._name}: its vision encoder is channels-first; only "
+                "channels-last MobileNet-v5 encoders (as published) are served."
             )
-        return embeddings
+        height, width = encoder.output_shape[1:3]
+        if height * width != self.image["tokens_per_image"]:
+            raise RouteError(
+                f"{self._name}: its vision encoder gives {height * width} "
+                f"embeddings per image, but the preset's "
+                f"vision_soft_tokens_per_image is {self.image['tokens_per_image']}."
+            )
+
+    def _encode(self, pixel_values):
+        # `Gemma3nMultimodalEmbeddingProcessor.call`'s vision embeddings.
+        encoder = self.backbone.vision_encoder
+        features = encoder(pixel_values)
+        features = features.reshape(features.shape[0], -1, features.shape[-1])
+        dtype = self.backbone.embedding_processor.compute_dtype
+        scale = torch.sqrt(torch.tensor(encoder.num_features, dtype=getattr(torch, dtype)))
+        return self.backbone.embed_vision(features * scale)
+
+    def _embed(self, input_ids, images, is_image):
+        # The processor's own text (and vision-vocabulary) embeddings; its
+        # per-layer inputs are computed again in `forward`, from the merged
+        # embeddings.
+        embeddings, _ = self.backbone.embedding_processor(
+            {"token_ids": input_ids[None]}
+        )
+        embeddings = embeddings[0]
+        if images is None:
+            return embeddings
+        return _merge_multimodal_embeddings(embeddings, images, is_image)
+
+
+@_register
+class KerasHubGemma4VisionForCausalLM(_KerasHubImages):
+    """A KerasHub Gemma4 preset with a vision encoder."""
+
+    placeholder = "<|image|>"
+    family_name = "Gemma4"
+
+    def _check_encoder(self):
+        from vllm_keras_hub.multimodal import _image_converter
+
+        converter = _image_converter(self.preset)
+        pool = self.backbone.vision_encoder.pool_size
+        if converter.pooling_kernel_size != pool or converter.patch_size != (
+            self.backbone.vision_encoder.patch_size
+        ):
+            raise RouteError(
+                f"{self._name}: its image converter cuts patches of "
+                f"{converter.patch_size} pooled by {converter.pooling_kernel_size}, "
+                f"its vision encoder takes patches of "
+                f"{self.backbone.vision_encoder.patch_size} pooled by {pool}."
+            )
+
+    def _encode(self, pixel_values, pixel_position_ids):
+        # One image at a time: `Gemma4VisionAveragePooling` takes the pooled
+        # grid's width from the widest image of its batch (KerasHub 0.32),
+        # which would misplace a narrower image's patches.
+        encoder = self.backbone.vision_encoder
+        embeddings = [
+            encoder(
+                {
+                    "pixel_values": values[None, None],
+                    "pixel_position_ids": positions[None, None].int(),
+                }
+            )[0, 0]
+            for values, positions in zip(pixel_values, pixel_position_ids)
+        ]
+        # `Gemma4Backbone`: pre-scaled so that the global scale by
+        # sqrt(hidden) leaves them at the encoder's magnitude.
+        scale = float(self.backbone.hidden_dim) ** -0.5
+        return torch.stack(embeddings) * torch.tensor(scale, dtype=embeddings[0].dtype)
+
+    def _embed(self, input_ids, images, is_image):
+        from keras import ops
+
+        embeddings = token_embedding(self.backbone)(input_ids)
+        if images is not None:
+            embeddings = _merge_multimodal_embeddings(embeddings, images, is_image)
+        return embeddings * ops.cast(ops.sqrt(self.backbone.hidden_dim), embeddings.dtype)
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+        # Its graph's per-layer token ids are 0 at image tokens (its
+        # `vision_mask`: every `<|image|>` of a prompt with images).
+        image_token = self.image["image_token_id"]
+        input_ids = torch.where(input_ids == image_token, 0, input_ids)
+        return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)

@@ -1,7 +1,7 @@
 """Images served through vLLM's multimodal API: a Gemma3 preset with a vision encoder.
 
 The oracle is the preset's own `generate()` with images
-(`oracle.keras_hub_greedy_with_images`). The tiny preset's image embeddings
+(`image_oracle.keras_hub_greedy_with_images`). The tiny preset's image embeddings
 are strong enough that different images, and attending within an image
 causally instead of bidirectionally, change the tokens.
 """
@@ -9,19 +9,22 @@ causally instead of bidirectionally, change the tokens.
 import subprocess
 import sys
 
-import numpy as np
 import pytest
-from PIL import Image
 from vllm import SamplingParams
 
-from vllm_keras_hub.config import UnsupportedImageServingError
+from vllm_keras_hub.image_config import UnsupportedImageServingError
 from vllm_keras_hub.layers import image_attention
 from vllm_keras_hub.llm import KerasHubLLM
 from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
+from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
+from vllm_keras_hub.testing.images import IMAGES
+from vllm_keras_hub.testing.images import assert_tokens
+from vllm_keras_hub.testing.images import image_positions
+from vllm_keras_hub.testing.images import random_image
+from vllm_keras_hub.testing.images import request
 from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
-from vllm_keras_hub.testing.oracle import keras_hub_greedy_with_images
 from vllm_keras_hub.testing.user_env import user_env
 
 MAX_NEW_TOKENS = 8
@@ -30,13 +33,6 @@ ENGINE = dict(limit_mm_per_prompt={"image": 2}, block_size=16)
 # This preset's row of the support matrix.
 ROW = "gemma3 + vision encoder"
 
-
-def _image(seed, height=40, width=50):
-    pixels = np.random.default_rng(seed).integers(0, 255, (height, width, 3), np.uint8)
-    return Image.fromarray(pixels)
-
-
-IMAGES = [_image(0), _image(1, 64, 30), _image(2, 20, 80)]
 # (text, images): 0, 1 and 2 images in one batch.
 PROMPTS = [
     ("a <start_of_image> caption", [IMAGES[0]]),
@@ -46,18 +42,6 @@ PROMPTS = [
     # The expansion's newlines merge with the prompt's ("\n\n\n" is a token).
     ("Look:\n<start_of_image>\nWhat is it?", [IMAGES[2]]),
 ]
-
-
-def request(text, images):
-    if not images:
-        return text
-    return {"prompt": text, "multi_modal_data": {"image": images}}
-
-
-def assert_tokens(outputs, expected):
-    for output, (prompt_ids, generated) in zip(outputs, expected, strict=True):
-        assert output.prompt_token_ids == prompt_ids
-        assert list(output.outputs[0].token_ids) == generated
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +74,7 @@ def test_images_in_a_batch_match_generate(llm, expected):
 
 def test_the_same_image_again_is_served_from_the_prefix_cache(llm, preset):
     """The cached blocks end inside the image: its last tokens attend again."""
-    image = _image(7)
+    image = random_image(7)
     prompts = [
         ("Look at this picture carefully: <start_of_image> what is it?", [image]),
         ("Look at this picture carefully: <start_of_image> and its colour?", [image]),
@@ -99,14 +83,8 @@ def test_the_same_image_again_is_served_from_the_prefix_cache(llm, preset):
     first = llm.generate([request(*prompts[0])], GREEDY, use_tqdm=False)
     second = llm.generate([request(*prompts[1])], GREEDY, use_tqdm=False)
     assert_tokens(first + second, expected)
-    positions = _image_positions(expected[1][0])
+    positions = image_positions(expected[1][0])
     assert positions[0] < second[0].num_cached_tokens <= positions[-1]
-
-
-def _image_positions(ids):
-    # The image soft token is the most frequent id of these prompts.
-    soft = max(set(ids), key=ids.count)
-    return [i for i, token in enumerate(ids) if token == soft]
 
 
 def test_an_image_past_the_sliding_window(llm, preset):
@@ -118,7 +96,7 @@ def test_an_image_past_the_sliding_window(llm, preset):
         (" ".join(["cat"] * 95) + " <start_of_image> and <start_of_image> ok", IMAGES[1:]),
     ]
     expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
-    assert all(_image_positions(ids)[-1] >= 128 for ids, _ in expected)
+    assert all(image_positions(ids)[-1] >= 128 for ids, _ in expected)
     outputs = llm.generate([request(*p) for p in prompts], GREEDY, use_tqdm=False)
     assert_tokens(outputs, expected)
 
@@ -146,7 +124,7 @@ def test_compiled_with_chunked_prefill_an_image_is_never_split(preset, expected)
     budget another prompt has nearly used up: vLLM's own scheduler would
     compute part of the image's rest there (`scheduler.py`).
     """
-    image = _image(7)
+    image = random_image(7)
     resumed = [
         ("Look at this picture carefully: <start_of_image> what is it?", [image]),
         ("Look at this picture carefully: <start_of_image> and its colour?", [image]),
@@ -173,10 +151,10 @@ def test_compiled_with_chunked_prefill_an_image_is_never_split(preset, expected)
         )
     assert_tokens(outputs, expected)
     # The second image of the third prompt straddles a 32-token step.
-    positions = _image_positions(expected[2][0])[16:]
+    positions = image_positions(expected[2][0])[16:]
     assert positions[0] // 32 != positions[-1] // 32
     assert_tokens([first, second], resumed_expected)
-    positions = _image_positions(resumed_expected[1][0])
+    positions = image_positions(resumed_expected[1][0])
     assert positions[0] < second.num_cached_tokens < positions[-1] - 5
 
 

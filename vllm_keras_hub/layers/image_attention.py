@@ -2,14 +2,18 @@
 
 Gemma3 attends causally over text and bidirectionally within each image's
 soft tokens (`Gemma3DecoderBlock._compute_image_bidirectional_attention_mask`):
-an image token also sees the image tokens after it. vLLM 0.32's CPU
-attention has no such mask (its own Gemma3 serves images causally there).
-So each attention layer first runs as usual, causally, which also writes the
-step's keys and values to the paged cache; then the image rows are attended
-again with a second call of the same kernel, non-causal, each image's rows
-over the request's cache up to the image's last token, within the layer's
-sliding window as KerasHub's mask has it. vLLM must never split an image
-across steps (`disable_chunked_mm_input` and `scheduler.ImageScheduler`).
+an image token also sees the image tokens after it. So do the sliding-window
+layers of Gemma4 presets with `use_vision_bidirectional_attention`. vLLM
+0.32's CPU attention has no such mask (its own Gemma3 serves images causally
+there). So each marked attention layer (`mark`) first runs as usual,
+causally, which also writes the step's keys and values to the paged cache;
+then the image rows are attended again with a second call of the same
+kernel, non-causal, each image's rows over the request's cache up to the
+image's last token, within the layer's sliding window as KerasHub's mask
+has it. (Gemma4's mask, (causal and windowed) or within the image, is that
+band while an image fits in the window: `image_config.py` refuses others.)
+vLLM must never split an image across steps (`disable_chunked_mm_input` and
+`scheduler.ImageScheduler`).
 
 The image rows of a step come from `is_multimodal`, which vLLM hands the
 model's `embed_input_ids` before each step (`set_step`); the second call is
@@ -40,6 +44,24 @@ class _Step:
 
 
 _STEP = _Step()
+
+
+_MARK = "_keras_hub_bidirectional_images"
+
+
+def mark(attention, bidirectional):
+    """Marks whether `attention`'s image rows attend bidirectionally.
+
+    Args:
+        attention: A vLLM `Attention` of the model.
+        bidirectional: Whether its layer attends within each image both ways.
+    """
+    setattr(attention, _MARK, bool(bidirectional))
+
+
+def marked(attention):
+    """Whether `mark` marked `attention` bidirectional."""
+    return getattr(attention, _MARK, False)
 
 
 def set_step(is_multimodal):

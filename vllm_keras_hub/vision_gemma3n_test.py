@@ -1,0 +1,86 @@
+"""Images served through vLLM's multimodal API: a Gemma3n preset.
+
+Gemma3n attends causally over its images, so vLLM may split an image's
+tokens over prefill steps as for its own models. One compiled engine with
+chunked prefill (24 tokens a step) and prefix caching serves every test;
+the oracle is the preset's own `generate()` with images
+(`image_oracle.keras_hub_greedy_with_images`).
+"""
+
+import pytest
+from vllm import SamplingParams
+
+from vllm_keras_hub.testing import support_matrix
+from vllm_keras_hub.testing.engines import in_process_llm
+from vllm_keras_hub.testing.engines import served_model
+from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
+from vllm_keras_hub.testing.images import assert_tokens
+from vllm_keras_hub.testing.images import batch_prompts
+from vllm_keras_hub.testing.images import image_positions
+from vllm_keras_hub.testing.images import random_image
+from vllm_keras_hub.testing.images import request
+from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
+
+MAX_NEW_TOKENS = 8
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
+STEP_TOKENS = 24
+PROMPTS = batch_prompts("<start_of_image>")
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory):
+    return build_tiny_vision_preset(str(tmp_path_factory.mktemp("gemma3n_vision")), "gemma3n")
+
+
+@pytest.fixture(scope="module")
+def llm(preset):
+    with in_process_llm(
+        f"keras_hub:{preset}",
+        enforce_eager=False,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=STEP_TOKENS,
+        enable_prefix_caching=True,
+        limit_mm_per_prompt={"image": 2},
+        block_size=16,
+    ) as llm:
+        yield llm
+
+
+def test_images_in_a_batch_match_generate(llm, preset):
+    row = "gemma3n + vision encoder"
+    support_matrix.record(row, "Gemma3nBackbone", images="FAIL")
+    expected = keras_hub_greedy_with_images(preset, PROMPTS, MAX_NEW_TOKENS)
+    outputs = llm.generate([request(*p) for p in PROMPTS], GREEDY, use_tqdm=False)
+    model = served_model(llm)
+    assert model.compiled or model.was_aot_compile_fn_loaded_from_disk
+    assert_tokens(outputs, expected)
+    support_matrix.record(row, "Gemma3nBackbone", images="pass")
+    # The image decides the answer: the same text, other images.
+    assert len({tuple(expected[i][1]) for i in (0, 3, 4)}) == 3
+
+
+def test_an_image_split_over_two_prefill_steps(llm, preset):
+    """Alone, this prompt's image starts in the first 24-token step and
+    ends in the second: the second step gathers the rest of its cached
+    embeddings."""
+    prompt = [("Look at this: <start_of_image> ok", [random_image(5)])]
+    expected = keras_hub_greedy_with_images(preset, prompt, MAX_NEW_TOKENS)
+    positions = image_positions(expected[0][0])
+    assert positions[0] < STEP_TOKENS <= positions[-1]
+    assert_tokens(llm.generate([request(*prompt[0])], GREEDY, use_tqdm=False), expected)
+
+
+def test_the_same_image_again_is_served_from_the_prefix_cache(llm, preset):
+    """The cached blocks end inside the image: its last tokens are computed
+    in the next step, from the encoder's cached embeddings."""
+    image = random_image(7)
+    prompts = [
+        ("Look at this picture carefully: <start_of_image> what is it?", [image]),
+        ("Look at this picture carefully: <start_of_image> and its colour?", [image]),
+    ]
+    expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
+    first = llm.generate([request(*prompts[0])], GREEDY, use_tqdm=False)
+    second = llm.generate([request(*prompts[1])], GREEDY, use_tqdm=False)
+    assert_tokens(first + second, expected)
+    positions = image_positions(expected[1][0])
+    assert positions[0] < second[0].num_cached_tokens <= positions[-1]
