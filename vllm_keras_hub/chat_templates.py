@@ -101,13 +101,16 @@ GEMMA3_TEMPLATE = GEMMA_TEMPLATE.replace(
     {{- '<end_of_turn>\n' }}""",
 )
 
-# google/gemma-4-*-it, text only, thinking off, no tools: turns open with
+# google/gemma-4-*-it, thinking off, no tools: turns open with
 # `<|turn>ROLE\n` and close with `<turn|>` (the stop token Gemma4CausalLM's
 # generate() adds), and the model turn is "model". Unlike Gemma 1-3, a system
 # (or developer) message has a turn of its own. `<|turn>` and `<turn|>` are
 # special pieces of Gemma 4's SentencePiece proto, so single tokens. Thinking
 # (`<|think|>`, `<|channel>` blocks) and tool calls need the preset's own
-# template.
+# template. A message whose content is a list of parts renders each image
+# part as `<|image|>` where it stands, and each text part trimmed, with
+# nothing between them (as a third-party port of the official template has
+# it: `{{- '<|image|>' -}}`; the official file was not in reach).
 GEMMA4_TEMPLATE = r"""{{- bos_token }}
 {%- if messages and messages[0]['role'] in ['system', 'developer'] %}
     {{- '<|turn>system\n' + messages[0]['content'] | trim + '<turn|>\n' }}
@@ -123,7 +126,19 @@ GEMMA4_TEMPLATE = r"""{{- bos_token }}
         {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
     {%- endif %}
     {%- set role = 'model' if message['role'] == 'assistant' else 'user' %}
-    {{- '<|turn>' + role + '\n' + message['content'] | trim + '<turn|>\n' }}
+    {{- '<|turn>' + role + '\n' }}
+    {%- if message['content'] is string %}
+        {{- message['content'] | trim }}
+    {%- else %}
+        {%- for part in message['content'] %}
+            {%- if part['type'] == 'image' %}
+                {{- '<|image|>' }}
+            {%- elif part['type'] == 'text' %}
+                {{- part['text'] | trim }}
+            {%- endif %}
+        {%- endfor %}
+    {%- endif %}
+    {{- '<turn|>\n' }}
 {%- endfor %}
 {%- if add_generation_prompt %}
     {{- '<|turn>model\n' }}
@@ -303,7 +318,8 @@ _QWEN3 = ChatFormat(QWEN3_TEMPLATE, ("<|im_end|>",))
 _CHAT_FORMATS = {
     "gemma": _GEMMA,
     "gemma3": ChatFormat(GEMMA3_TEMPLATE, ("<end_of_turn>",)),
-    "gemma3n": _GEMMA,
+    # Gemma3n's official template is Gemma 3's, images included.
+    "gemma3n": ChatFormat(GEMMA3_TEMPLATE, ("<end_of_turn>",)),
     "gemma4": ChatFormat(GEMMA4_TEMPLATE, ("<turn|>",)),
     "llama": ChatFormat(LLAMA2_TEMPLATE, ("</s>",)),
     "llama3": ChatFormat(LLAMA3_TEMPLATE, ("<|eot_id|>",)),

@@ -249,34 +249,51 @@ def test_forbidden_conversations_raise_the_template_message(
         _render(family_name, messages)
 
 
-def test_vllm_passes_string_content_and_gemma3_parts():
+# The families served with images: their templates take a message's parts.
+IMAGE_FAMILIES = ("gemma3", "gemma3n", "gemma4")
+
+
+def test_vllm_passes_string_content_and_image_families_parts():
     from vllm.renderers.hf import _detect_content_format
 
     for family_name in EXPECTED:
         template = chat_templates.chat_format(family_name).template
-        # Gemma3 takes a message's parts, to put images where they stand.
-        expected = "openai" if family_name == "gemma3" else "string"
+        # To put images where they stand.
+        expected = "openai" if family_name in IMAGE_FAMILIES else "string"
         assert _detect_content_format(template, default="openai") == expected
 
 
-def test_gemma3_puts_an_image_part_where_it_stands():
+@pytest.mark.parametrize(
+    "family_name, expected",
+    [
+        (
+            "gemma3",
+            "<bos><start_of_turn>user\nLook:<start_of_image>what is it?"
+            "<end_of_turn>\n<start_of_turn>model\n",
+        ),
+        (
+            "gemma3n",
+            "<bos><start_of_turn>user\nLook:<start_of_image>what is it?"
+            "<end_of_turn>\n<start_of_turn>model\n",
+        ),
+        ("gemma4", "<bos><|turn>user\nLook:<|image|>what is it?<turn|>\n<|turn>model\n"),
+    ],
+)
+def test_an_image_part_stands_where_it_is(family_name, expected):
     import jinja2
 
-    template = jinja2.Environment().from_string(chat_templates.GEMMA3_TEMPLATE)
+    template = chat_templates.chat_format(family_name).template
     parts = [
         {"type": "text", "text": "Look: "},
         {"type": "image"},
         {"type": "text", "text": " what is it?"},
     ]
-    rendered = template.render(
+    rendered = jinja2.Environment().from_string(template).render(
         bos_token="<bos>",
         messages=[{"role": "user", "content": parts}],
         add_generation_prompt=True,
     )
-    assert rendered == (
-        "<bos><start_of_turn>user\nLook:<start_of_image>what is it?"
-        "<end_of_turn>\n<start_of_turn>model\n"
-    )
+    assert rendered == expected
 
 
 def test_every_chat_format_has_turn_end_tokens():

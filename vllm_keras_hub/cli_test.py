@@ -137,3 +137,55 @@ def test_exported_folder_serves_with_plain_vllm(tmp_path):
             model=folder, prompt="Hello", max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
         )
         assert again.choices[0].text == completion.choices[0].text
+
+
+def test_exported_vision_folder_serves_images_with_plain_vllm(tmp_path):
+    """`export` prints the flags a folder needs; with them, plain vLLM serves
+    a Gemma4 preset's images, bidirectional within each image (which needs
+    whole images in each step), as the oracle computes them."""
+    import shlex
+
+    from vllm_keras_hub.testing.image_oracle import gemma4_full_forward_with_images
+    from vllm_keras_hub.testing.images import IMAGES
+    from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
+    from vllm_keras_hub.vision_server_test import FAMILIES
+    from vllm_keras_hub.vision_server_test import data_uri
+
+    causal = build_tiny_vision_preset(str(tmp_path / "causal"), "gemma4")
+    result = run_cli("export", f"keras_hub:{causal}", str(tmp_path / "causal_folder"))
+    assert result.returncode == 0, result.stderr
+    assert "--scheduler-cls" not in result.stdout
+
+    preset = build_tiny_vision_preset(str(tmp_path / "preset"), "gemma4", bidirectional=True)
+    folder = str(tmp_path / "folder")
+    result = run_cli("export", f"keras_hub:{preset}", folder)
+    assert result.returncode == 0, result.stderr
+    (line,) = [x for x in result.stdout.splitlines() if "vllm.entrypoints.openai" in x]
+    printed = shlex.split(line)
+    assert "--disable-chunked-mm-input" in printed
+    assert "vllm_keras_hub.scheduler.ImageScheduler" in printed
+
+    port = free_port()
+    command = [
+        sys.executable, *printed[1:], "--enforce-eager", "--port", str(port),
+        "--kv-cache-memory-bytes", str(1 << 30), "--max-model-len", "1024",
+        "--dtype", "float32", "--limit-mm-per-prompt", '{"image": 1}',
+    ]  # fmt: skip
+    prompt = FAMILIES["gemma4"][0]
+    expected = gemma4_full_forward_with_images(preset, [(prompt, [IMAGES[0]])], 8)
+    with running_server(command, port, model_name=folder) as (base_url, _):
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0)
+        content = [
+            {"type": "text", "text": "What is in "},
+            {"type": "image_url", "image_url": {"url": data_uri(IMAGES[0])}},
+            {"type": "text", "text": " this picture?"},
+        ]
+        reply = client.chat.completions.create(
+            model=folder,
+            messages=[{"role": "user", "content": content}],
+            max_tokens=8,
+            temperature=0,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )
+    assert reply.prompt_token_ids == expected[0][0]
+    assert reply.choices[0].token_ids == expected[0][1]

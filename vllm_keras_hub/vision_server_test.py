@@ -1,10 +1,11 @@
 """Images through `vllm-keras-hub serve` and the official `openai` client.
 
-A real server process with a tiny Gemma3 vision preset (`vision_test.py`
-proves the offline engine against `generate()`); the served tokens of a
-chat message with a data-URI image equal the preset's own `generate()` on
-the prompt Gemma3's chat format renders. Bad image requests get a 400 that
-names the cause, and the server keeps serving.
+A real server process for each family's tiny vision preset (Gemma3, Gemma3n,
+and Gemma4 with bidirectional image attention; `vision*_test.py` prove the
+offline engine). The served tokens of a chat message with a data-URI image
+equal the oracle's on the prompt the family's chat format renders: the
+preset's own `generate()`, or Gemma4's full forward. Bad image requests get
+a 400 that names the cause, and the server keeps serving.
 """
 
 import base64
@@ -14,15 +15,37 @@ import wave
 import openai
 import pytest
 
+from vllm_keras_hub.testing.image_oracle import gemma4_full_forward_with_images
+from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
+from vllm_keras_hub.testing.images import IMAGES
 from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
-from vllm_keras_hub.testing.oracle import keras_hub_greedy_with_images
 from vllm_keras_hub.testing.server import free_port
 from vllm_keras_hub.testing.server import running_server
 from vllm_keras_hub.testing.server import serve_command
-from vllm_keras_hub.vision_test import IMAGES
 
-MODEL = "tiny-gemma3-vision"
+MODEL = "tiny-vision"
 MAX_TOKENS = 8
+# family -> (the prompt its chat format renders for the test's message,
+# its preset's options, its oracle).
+FAMILIES = {
+    "gemma3": (
+        "<start_of_turn>user\nWhat is in<start_of_image>this picture?"
+        "<end_of_turn>\n<start_of_turn>model\n",
+        {},
+        keras_hub_greedy_with_images,
+    ),
+    "gemma3n": (
+        "<start_of_turn>user\nWhat is in<start_of_image>this picture?"
+        "<end_of_turn>\n<start_of_turn>model\n",
+        {},
+        keras_hub_greedy_with_images,
+    ),
+    "gemma4": (
+        "<|turn>user\nWhat is in<|image|>this picture?<turn|>\n<|turn>model\n",
+        dict(bidirectional=True),
+        gemma4_full_forward_with_images,
+    ),
+}
 
 
 def data_uri(image, format="PNG"):
@@ -35,9 +58,15 @@ def image_part(url):
     return {"type": "image_url", "image_url": {"url": url}}
 
 
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def preset(tmp_path_factory):
-    return build_tiny_vision_preset(str(tmp_path_factory.mktemp("gemma3_vision")))
+def preset(tmp_path_factory, family):
+    directory = str(tmp_path_factory.mktemp(f"{family}_vision"))
+    return build_tiny_vision_preset(directory, family, **FAMILIES[family][1])
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +74,7 @@ def client(preset):
     port = free_port()
     command = serve_command(
         preset, "--port", str(port), "--served-model-name", MODEL,
-        "--max-model-len", "256", "--dtype", "float32", "--enforce-eager",
+        "--max-model-len", "1024", "--dtype", "float32", "--enforce-eager",
         "--limit-mm-per-prompt", '{"image": 2}',
     )  # fmt: skip
     with running_server(command, port, model_name=MODEL) as (base_url, _):
@@ -68,19 +97,16 @@ def assert_still_serving(client):
     assert len(reply.choices[0].token_ids) == MAX_TOKENS
 
 
-def test_an_image_url_part_gives_the_tokens_of_generate(client, preset):
+def test_an_image_url_part_gives_the_tokens_of_the_oracle(client, preset, family):
     content = [
         {"type": "text", "text": "What is in "},
         image_part(data_uri(IMAGES[0])),
         {"type": "text", "text": " this picture?"},
     ]
     reply = chat(client, content)
-    # Gemma3's chat format: the image where it stands, text parts trimmed.
-    prompt = (
-        "<start_of_turn>user\nWhat is in<start_of_image>this picture?"
-        "<end_of_turn>\n<start_of_turn>model\n"
-    )
-    expected = keras_hub_greedy_with_images(preset, [(prompt, [IMAGES[0]])], MAX_TOKENS)
+    # The family's chat format: the image where it stands, text parts trimmed.
+    prompt, _, oracle = FAMILIES[family]
+    expected = oracle(preset, [(prompt, [IMAGES[0]])], MAX_TOKENS)
     assert reply.prompt_token_ids == expected[0][0]
     assert reply.choices[0].token_ids == expected[0][1]
 
@@ -108,6 +134,6 @@ def test_audio_is_a_400(client):
         audio.writeframes(b"\0\0" * 1600)
     data = base64.b64encode(buffer.getvalue()).decode()
     part = {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
-    with pytest.raises(openai.BadRequestError, match="takes images, not audio"):
+    with pytest.raises(openai.BadRequestError, match="images, not audio"):
         chat(client, [part, {"type": "text", "text": "what is said?"}])
     assert_still_serving(client)
