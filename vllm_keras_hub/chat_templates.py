@@ -84,7 +84,18 @@ _GEMMA_TURN = (
     "+ message['content'] | trim + '<end_of_turn>\\n' }}"
 )
 assert _GEMMA_TURN in GEMMA_TEMPLATE
+# vLLM hands such a template every message's content as parts, the system
+# message's too: its text is the first part's, as the official template has it.
+_GEMMA_SYSTEM = "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' %}"
+assert _GEMMA_SYSTEM in GEMMA_TEMPLATE
 GEMMA3_TEMPLATE = GEMMA_TEMPLATE.replace(
+    _GEMMA_SYSTEM,
+    r"""{%- if messages[0]['content'] is string %}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' %}
+    {%- else %}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' %}
+    {%- endif %}""",
+).replace(
     _GEMMA_TURN,
     r"""{{- '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}
     {%- if message['content'] is string %}
@@ -110,10 +121,15 @@ GEMMA3_TEMPLATE = GEMMA_TEMPLATE.replace(
 # template. A message whose content is a list of parts renders each image
 # part as `<|image|>` where it stands, and each text part trimmed, with
 # nothing between them (as a third-party port of the official template has
-# it: `{{- '<|image|>' -}}`; the official file was not in reach).
+# it: `{{- '<|image|>' -}}`; the official file was not in reach). A
+# system message's text is its first part's.
 GEMMA4_TEMPLATE = r"""{{- bos_token }}
 {%- if messages and messages[0]['role'] in ['system', 'developer'] %}
-    {{- '<|turn>system\n' + messages[0]['content'] | trim + '<turn|>\n' }}
+    {%- set system = messages[0]['content'] %}
+    {%- if system is not string %}
+        {%- set system = system[0]['text'] %}
+    {%- endif %}
+    {{- '<|turn>system\n' + system | trim + '<turn|>\n' }}
     {%- set loop_messages = messages[1:] %}
 {%- else %}
     {%- set loop_messages = messages %}

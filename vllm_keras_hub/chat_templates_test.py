@@ -104,15 +104,29 @@ def _hf_tokenizer(family_name):
 
 
 def _render(family_name, messages, **kwargs):
-    """Renders as vLLM's chat path does, through its own entry point."""
+    """Renders as vLLM's chat path does, through its own entry point.
+
+    A template that takes a message's parts (vLLM's "openai" content
+    format) gets every message's content as parts, as vLLM's
+    `_parse_chat_message_content` hands them.
+    """
+    from vllm.renderers.hf import _detect_content_format
     from vllm.renderers.hf import safe_apply_chat_template
 
+    template = chat_templates.chat_format(family_name).template
+    if _detect_content_format(template, default="openai") == "openai":
+        messages = [
+            {**m, "content": [{"type": "text", "text": m["content"]}]}
+            if isinstance(m.get("content"), str)
+            else m
+            for m in messages
+        ]
     kwargs.setdefault("add_generation_prompt", True)
     return safe_apply_chat_template(
         None,  # Only read when no chat template is given.
         _hf_tokenizer(family_name),
         messages,
-        chat_template=chat_templates.chat_format(family_name).template,
+        chat_template=template,
         tokenize=False,
         **kwargs,
     )
