@@ -1,23 +1,33 @@
 """One image's time to first token: vllm-keras-hub against KerasHub's generate().
 
-    .venv/bin/python bench/images.py            # about 5 min
-    .venv/bin/python bench/images.py --quick    # smoke run
+    .venv/bin/python bench/images.py                     # Gemma3, about 5 min
+    .venv/bin/python bench/images.py --family gemma3n    # about 5 min
+    .venv/bin/python bench/images.py --family gemma4     # about 10 min
+    .venv/bin/python bench/images.py --quick             # smoke run
 
-A Gemma3 preset with a vision encoder of SigLIP-base's size (12 layers,
-hidden 768, 448-pixel images in 14-pixel patches, pooled to Gemma3's 256
-soft tokens) and a small Gemma3 text model (8 layers, hidden 640), random
-weights, float32, made once under `~/.cache/vllm-keras-hub/bench`. Each
-system runs in its own subprocess, one after another, on one prompt with
-one image, a new image each run (so no encoder or prefix cache helps), and
-generates one token:
+A random-weight preset of each family, float32, made once under
+`~/.cache/vllm-keras-hub/bench`, with a small text model (8 layers, hidden
+640) and a vision encoder of a published size:
+- `gemma3`: SigLIP-base's size (12 layers, hidden 768, 448-pixel images in
+  14-pixel patches, pooled to Gemma3's 256 soft tokens);
+- `gemma3n`: the published MobileNet-v5-300M (its architecture as
+  KerasHub's converter builds it), 768-pixel images, 256 soft tokens;
+- `gemma4`: a ViT of SigLIP-base's size (12 layers, hidden 768) in
+  16-pixel patches, the converter's 2520 patches pooled by 3 to 280 soft
+  tokens, attending bidirectionally within each image (as the 26B and 31B
+  presets).
+Each system runs in its own subprocess, one after another, on one prompt
+with one image, a new image each run (so no encoder or prefix cache helps),
+and generates one token:
 - `keras_hub`: vllm-keras-hub's engine (eager), timed around
   `LLM.generate`; its encoder time is `embed_multimodal`'s, inside;
 - `keras_generate`: the preset's own `generate()` function after the
-  preset's image converter and tokenizer (`image_oracle.image_prompt_inputs`), as
-  the test oracle runs it; its encoder time is the vision encoder's on the
-  same pixels, timed again on its own.
+  preset's image converter and tokenizer (`image_oracle.image_prompt_inputs`),
+  as the test oracle runs it; its encoder time is the vision encoder's on
+  the same pixels, timed again on its own. (Gemma4's `generate()` attends
+  causally over the images, a KerasHub bug; the time is about the same.)
 Prints the ratio and each encoder's share of the time to first token, and
-writes `bench/results/images.json` and `images.png`.
+writes `bench/results/images[-FAMILY].json` and `.png`.
 """
 
 import argparse
@@ -31,41 +41,92 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 RESULTS = os.path.join(ROOT, "bench", "results")
-PROMPT = "<start_of_image> Describe this image in one word."
+PROMPTS = {
+    "gemma3": "<start_of_image> Describe this image in one word.",
+    "gemma3n": "<start_of_image> Describe this image in one word.",
+    "gemma4": "<|image|> Describe this image in one word.",
+}
 SYSTEMS = ("keras_hub", "keras_generate")
+_TEXT = dict(num_layers=8, hidden_dim=640, intermediate_dim=2048)
 
 
-def make_preset():
-    """The bench preset's folder, built once."""
-    import keras
+def _gemma3(tokenizer):
     import keras_hub
     from keras_hub.src.models.gemma3.gemma3_image_converter import Gemma3ImageConverter
     from keras_hub.src.models.gemma3.gemma3_vision_encoder import Gemma3VisionEncoder
 
-    from vllm_keras_hub.testing.presets import make_tokenizer
-
-    folder = os.path.expanduser("~/.cache/vllm-keras-hub/bench/gemma3-vision-siglip-base")
-    if os.path.exists(os.path.join(folder, "image_converter.json")):
-        return folder
-    keras.utils.set_random_seed(0)
-    tokenizer = make_tokenizer("gemma3")
     encoder = Gemma3VisionEncoder(
         image_size=448, patch_size=14, num_heads=12, hidden_dim=768, num_layers=12,
         intermediate_dim=3072, output_dim=640, pool_size=2,
     )  # fmt: skip
     backbone = keras_hub.models.Gemma3Backbone(
-        vocabulary_size=tokenizer.vocabulary_size(), image_size=448, num_layers=8,
-        num_query_heads=4, num_key_value_heads=1, hidden_dim=640, intermediate_dim=2048,
-        head_dim=256, query_head_dim_normalize=True, use_post_ffw_norm=True,
-        use_post_attention_norm=True, use_sliding_window_attention=True,
-        sliding_window_size=512, vision_encoder=encoder,
+        vocabulary_size=tokenizer.vocabulary_size(), image_size=448, num_query_heads=4,
+        num_key_value_heads=1, head_dim=256, query_head_dim_normalize=True,
+        use_post_ffw_norm=True, use_post_attention_norm=True,
+        use_sliding_window_attention=True, sliding_window_size=512,
+        vision_encoder=encoder, **_TEXT,
     )  # fmt: skip
-    causal_lm = keras_hub.models.Gemma3CausalLM(backbone=backbone, preprocessor=None)
+    converter = Gemma3ImageConverter(image_size=(448, 448), scale=1 / 127.5, offset=-1.0)
+    return keras_hub.models.Gemma3CausalLM(backbone=backbone, preprocessor=None), converter
+
+
+def _gemma3n(tokenizer):
+    import keras_hub
+    from keras_hub.src.models.gemma3n.gemma3n_image_converter import Gemma3nImageConverter
+    from keras_hub.src.utils.transformers.convert_gemma3n import MODEL_CONFIGS
+
+    encoder = dict(MODEL_CONFIGS["mobilenetv5_300m_enc"], image_shape=(768, 768, 3))
+    backbone = keras_hub.models.Gemma3nBackbone(
+        text_vocab_size=tokenizer.vocabulary_size(), text_hidden_size=640,
+        num_hidden_layers=8, pad_token_id=0, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=256, intermediate_size=[2048] * 8, hidden_activation="gelu_approximate",
+        layer_types=["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 3
+        + ["full_attention"], sliding_window=512, rope_theta=1000000.0,
+        max_position_embeddings=2048, vocab_size_per_layer_input=tokenizer.vocabulary_size(),
+        hidden_size_per_layer_input=64, altup_num_inputs=4, laurel_rank=64,
+        num_kv_shared_layers=2, vision_encoder_config=encoder, vision_hidden_size=2048,
+        vision_vocab_offset=tokenizer.token_to_id("<end_of_image>"), vision_vocab_size=2,
+        vision_soft_tokens_per_image=256, image_token_id=tokenizer.image_placeholder_id,
+    )  # fmt: skip
+    converter = Gemma3nImageConverter(image_size=(768, 768), scale=1 / 127.5, offset=-1.0)
+    return keras_hub.models.Gemma3nCausalLM(backbone=backbone, preprocessor=None), converter
+
+
+def _gemma4(tokenizer):
+    import keras_hub
+    from keras_hub.src.models.gemma4.gemma4_image_converter import Gemma4ImageConverter
+    from keras_hub.src.models.gemma4.gemma4_vision_encoder import Gemma4VisionEncoder
+
+    encoder = Gemma4VisionEncoder(
+        image_size=768, patch_size=16, num_heads=12, hidden_dim=768, num_layers=12,
+        intermediate_dim=3072, head_dim=64, output_dim=640, pool_size=3,
+    )  # fmt: skip
+    backbone = keras_hub.models.Gemma4Backbone(
+        vocabulary_size=tokenizer.vocabulary_size(), image_size=768, num_query_heads=4,
+        num_key_value_heads=1, head_dim=256, sliding_window_size=512,
+        use_vision_bidirectional_attention=True, vision_encoder=encoder, **_TEXT,
+    )  # fmt: skip
+    converter = Gemma4ImageConverter(patch_size=16, scale=1 / 127.5, offset=-1.0)
+    return keras_hub.models.Gemma4CausalLM(backbone=backbone, preprocessor=None), converter
+
+
+def make_preset(family):
+    """The bench preset's folder, built once."""
+    import keras
+
+    from vllm_keras_hub.testing.tokenizers import make_tokenizer
+
+    names = {"gemma3": "gemma3-vision-siglip-base", "gemma3n": "gemma3n-mobilenetv5-300m",
+             "gemma4": "gemma4-vision-vit-base-bidirectional"}  # fmt: skip
+    folder = os.path.expanduser(f"~/.cache/vllm-keras-hub/bench/{names[family]}")
+    if os.path.exists(os.path.join(folder, "image_converter.json")):
+        return folder
+    keras.utils.set_random_seed(0)
+    tokenizer = make_tokenizer(family, images=True)
+    causal_lm, converter = globals()[f"_{family}"](tokenizer)
     causal_lm.save_to_preset(folder)
     tokenizer.save_to_preset(folder)
-    Gemma3ImageConverter(image_size=(448, 448), scale=1 / 127.5, offset=-1.0).save_to_preset(
-        folder
-    )
+    converter.save_to_preset(folder)
     return folder
 
 
@@ -77,7 +138,7 @@ def _images(count):
     return [Image.fromarray(rng.integers(0, 255, (480, 640, 3), np.uint8)) for _ in range(count)]
 
 
-def run_keras_hub(preset, runs):
+def run_keras_hub(preset, runs, prompt):
     from vllm import SamplingParams
 
     from vllm_keras_hub.testing.engines import in_process_llm
@@ -85,7 +146,9 @@ def run_keras_hub(preset, runs):
 
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     rows = []
-    with in_process_llm(f"keras_hub:{preset}", max_model_len=512, enable_prefix_caching=False) as llm:
+    with in_process_llm(
+        f"keras_hub:{preset}", max_model_len=512, enable_prefix_caching=False, block_size=32
+    ) as llm:
         model = served_model(llm)
         embed = model.embed_multimodal
         encoder_s = []
@@ -100,33 +163,36 @@ def run_keras_hub(preset, runs):
         for image in _images(runs + 1):
             encoder_s.clear()
             start = time.perf_counter()
-            llm.generate([{"prompt": PROMPT, "multi_modal_data": {"image": image}}], params, use_tqdm=False)
+            llm.generate([{"prompt": prompt, "multi_modal_data": {"image": image}}], params, use_tqdm=False)
             rows.append(dict(ttft_s=time.perf_counter() - start, encoder_s=sum(encoder_s)))
     return rows[1:]  # the first warms up
 
 
-def run_keras_generate(preset, runs):
-    import keras_hub
+def run_keras_generate(preset, runs, prompt):
     import torch
-    from keras_hub.src.layers.preprocessing.image_converter import ImageConverter
 
+    from vllm_keras_hub.testing.image_oracle import image_parts
     from vllm_keras_hub.testing.image_oracle import image_prompt_inputs
 
-    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
-    converter = ImageConverter.from_preset(preset)
-    causal_lm = keras_hub.models.Gemma3CausalLM.from_preset(preset, preprocessor=None)
+    causal_lm, tokenizer, converter = image_parts(preset)
     causal_lm.compile(sampler="greedy")
     generate_function = causal_lm.make_generate_function()
-    encoder = causal_lm.backbone.vision_encoder
+    backbone = causal_lm.backbone
+    encoder = backbone.vision_encoder
     rows = []
     for image in _images(runs + 1):
         start = time.perf_counter()
-        _, inputs = image_prompt_inputs(causal_lm, tokenizer, converter, PROMPT, [image], 1)
+        _, inputs = image_prompt_inputs(causal_lm, tokenizer, converter, prompt, [image], 1)
         generate_function(inputs, stop_token_ids=None)
         ttft = time.perf_counter() - start
         with torch.inference_mode():
             start = time.perf_counter()
-            encoder(inputs["images"])
+            if "pixel_values" in inputs:  # Gemma4
+                encoder({k: inputs[k] for k in ("pixel_values", "pixel_position_ids")})
+            elif type(backbone).__name__ == "Gemma3nBackbone":
+                encoder(inputs["images"][0])
+            else:
+                encoder(inputs["images"])
             encoder_s = time.perf_counter() - start
         rows.append(dict(ttft_s=ttft, encoder_s=encoder_s))
     return rows[1:]  # the first traces generate()'s function
@@ -137,17 +203,20 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--worker", choices=SYSTEMS)
     parser.add_argument("--preset")
+    parser.add_argument("--family", choices=sorted(PROMPTS), default="gemma3")
     args = parser.parse_args()
     runs = 2 if args.quick else 5
+    prompt = PROMPTS[args.family]
     if args.worker:
         work = run_keras_hub if args.worker == "keras_hub" else run_keras_generate
-        print("RESULT " + json.dumps(work(args.preset, runs)))
+        print("RESULT " + json.dumps(work(args.preset, runs, prompt)))
         return
-    preset = make_preset()
+    preset = make_preset(args.family)
     results = {}
     for system in SYSTEMS:
         output = subprocess.run(
-            [sys.executable, __file__, "--worker", system, "--preset", preset]
+            [sys.executable, __file__, "--worker", system, "--preset", preset,
+             "--family", args.family]
             + (["--quick"] if args.quick else []),
             capture_output=True, text=True, check=True,
             env={**os.environ, "KERAS_BACKEND": "torch", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
@@ -163,9 +232,11 @@ def main():
     ratio = summary["keras_hub"]["ttft_s"] / summary["keras_generate"]["ttft_s"]
     print(f"served TTFT / generate() TTFT: {ratio:.2f}x")
     os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "images.json"), "w") as f:
-        json.dump(dict(prompt=PROMPT, runs=runs, rows=results, summary=summary,
-                       ttft_ratio=ratio, load=os.getloadavg()), f, indent=2)  # fmt: skip
+    name = "images" if args.family == "gemma3" else f"images-{args.family}"
+    with open(os.path.join(RESULTS, f"{name}.json"), "w") as f:
+        json.dump(dict(family=args.family, prompt=prompt, runs=runs, rows=results,
+                       summary=summary, ttft_ratio=ratio, load=os.getloadavg()),
+                  f, indent=2)  # fmt: skip
     import matplotlib
 
     matplotlib.use("Agg")
@@ -179,8 +250,9 @@ def main():
     ax.barh(names, rest, left=encoder, label="the rest (prefill, preprocessing, first token)")
     ax.set_xlabel("time to first token, one image (s, median)")
     ax.legend(loc="lower right", fontsize=7)
+    ax.set_title(f"{args.family}: {os.path.basename(preset)}", fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, "images.png"), dpi=120)
+    fig.savefig(os.path.join(RESULTS, f"{name}.png"), dpi=120)
 
 
 if __name__ == "__main__":

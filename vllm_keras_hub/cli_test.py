@@ -93,6 +93,19 @@ def test_unsupported_parallelism_exits_before_the_engine_starts(
     assert ENGINE_STARTED not in result.stderr + result.stdout
 
 
+def test_image_settings_that_would_not_be_exact_exit_before_the_engine_starts(tmp_path):
+    from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
+
+    preset = build_tiny_vision_preset(str(tmp_path), "gemma4", bidirectional=True)
+    result = run_cli(
+        "serve", preset, "--scheduler-cls", "vllm.v1.core.sched.scheduler.Scheduler"
+    )
+    assert result.returncode == 2
+    assert "Serve with --scheduler-cls vllm_keras_hub.scheduler.ImageScheduler" in result.stderr
+    assert not result.engine_started
+    assert ENGINE_STARTED not in result.stderr + result.stdout
+
+
 def test_unsupported_family_exits_with_the_supported_list(tmp_path):
     import keras_hub
 

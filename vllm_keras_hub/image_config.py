@@ -9,7 +9,7 @@ processor (`multimodal.py`) and the model class (`vision.py`):
 - `start_token`, `image_token`, `end_token`, `tokens_per_image`, `newlines`:
   what the placeholder expands to, as the family's `CausalLMPreprocessor`
   expands it: `newlines + start + image_token * tokens_per_image + end +
-  newlines`; `image_token_id`, the image token's id;
+  newlines`;
 - `image_size`: the side of the images vLLM profiles the encoder with;
 - `bidirectional`: which layers attend bidirectionally within each image
   (`"all"`: Gemma3; `"sliding"`: a Gemma4 preset with
@@ -93,8 +93,35 @@ def image_fields(preset, backbone_class, backbone_config, tokenizer):
                 bidirectional="sliding",
                 window=int(backbone_config["sliding_window_size"]),
             )
-    image["image_token_id"] = int(tokenizer.token_to_id(image["image_token"]))
     return dict(architectures=[architecture], keras_hub_image=image)
+
+
+# Every field above: a folder exported before some of them were written
+# is refused with the fix.
+FIELDS = (
+    "placeholder", "start_token", "image_token", "end_token", "newlines",
+    "tokens_per_image", "image_size", "bidirectional", "window",
+)  # fmt: skip
+
+
+def read_image_format(config):
+    """The `keras_hub_image` of a model folder's config, checked whole.
+
+    Args:
+        config: The folder's `KerasHubConfig`.
+
+    Raises:
+        ValueError: a folder exported by an older vllm-keras-hub.
+    """
+    image = config.keras_hub_image
+    missing = [field for field in FIELDS if field not in image]
+    if missing:
+        raise ValueError(
+            f"This model folder's image format lacks {missing}: it was "
+            "exported by an older vllm-keras-hub. Export it again "
+            "(`vllm-keras-hub export`)."
+        )
+    return image
 
 
 class UnsupportedImageServingError(ValueError):

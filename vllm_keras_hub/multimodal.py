@@ -47,9 +47,10 @@ def to_pixels(preset, images):
         images: PIL images (vLLM's parsed image items).
 
     Returns:
-        A dict of float32 tensors, one row per image: `pixel_values`
+        A dict of tensors, one row per image: float32 `pixel_values`
         (`(num_images, height, width, 3)`; Gemma4: `(num_images, patches,
-        3 * patch_size**2)`), and Gemma4's `pixel_position_ids`.
+        3 * patch_size**2)`), and Gemma4's int32 `pixel_position_ids`
+        (`(num_images, patches, 2)`; -1 for padding).
     """
     import numpy as np
     from keras import ops
@@ -69,7 +70,9 @@ def to_pixels(preset, images):
 
 
 def _cuts_patches(converter):
-    return hasattr(converter, "max_soft_tokens")
+    from keras_hub.src.models.gemma4.gemma4_image_converter import Gemma4ImageConverter
+
+    return isinstance(converter, Gemma4ImageConverter)
 
 
 def image_span(vocab, image):
@@ -139,7 +142,9 @@ class KerasHubProcessingInfo(BaseProcessingInfo):
 
     @property
     def image(self):
-        return self.get_hf_config().keras_hub_image
+        from vllm_keras_hub.image_config import read_image_format
+
+        return read_image_format(self.get_hf_config())
 
     def get_hf_processor(self, **kwargs):
         raise NotImplementedError(

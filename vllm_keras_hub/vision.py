@@ -17,7 +17,7 @@ take the image tokens' places as its backbone places them:
   embeddings (`text_forward.py`). Causal.
 - Gemma4 (`Gemma4Backbone`): its ViT, each image encoded alone; the images
   scaled by 1/sqrt(hidden), merged, then all scaled by sqrt(hidden); the
-  per-layer token ids zero at image tokens. With
+  per-layer token ids zero at image tokens (`is_multimodal`). With
   `use_vision_bidirectional_attention`, its sliding-window layers attend
   bidirectionally within each image; otherwise causal.
 The layers are `KerasHubForCausalLM`'s; the processor is `multimodal.py`'s.
@@ -37,6 +37,7 @@ from vllm.model_executor.models.utils import _merge_multimodal_embeddings  # noq
 from vllm.multimodal import MULTIMODAL_REGISTRY  # noqa: E402
 
 from vllm_keras_hub.image_config import check_image_settings  # noqa: E402
+from vllm_keras_hub.image_config import read_image_format  # noqa: E402
 from vllm_keras_hub.layers import image_attention  # noqa: E402
 from vllm_keras_hub.layers.attention import token_embedding  # noqa: E402
 from vllm_keras_hub.layers.attention import transformer_layers  # noqa: E402
@@ -80,7 +81,7 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
     def __init__(self, *, vllm_config, prefix=""):
         scheduler = vllm_config.scheduler_config
         model_config = vllm_config.model_config
-        self.image = model_config.hf_config.keras_hub_image
+        self.image = read_image_format(model_config.hf_config)
         check_image_settings(
             self.image,
             model_config.get_multimodal_config().get_limit_per_prompt("image"),
@@ -101,10 +102,10 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
                 bidirectional == "all"
                 or (bidirectional == "sliding" and not layers[index].is_global_attention),
             )
-        self._check_encoder()
 
-    def _check_encoder(self):
-        """Raises unless the encoder fills an image's soft tokens exactly."""
+    def _check_backbone(self, backbone):
+        """Raises where the encoder would not fill an image's soft tokens
+        as KerasHub fills them (Gemma3's always does)."""
 
     def _serving_step(self, stage):
         # The encoder too, on an image of the profiling size: layers that
@@ -188,8 +189,8 @@ class KerasHubGemma3nVisionForCausalLM(_KerasHubImages):
     placeholder = "<start_of_image>"
     family_name = "Gemma3n"
 
-    def _check_encoder(self):
-        encoder = self.backbone.vision_encoder
+    def _check_backbone(self, backbone):
+        encoder = backbone.vision_encoder
         if getattr(encoder, "data_format", "channels_last") != "channels_last":
             raise RouteError(
                 f"{self._name}: its vision encoder is channels-first; only "
@@ -232,19 +233,18 @@ class KerasHubGemma4VisionForCausalLM(_KerasHubImages):
     placeholder = "<|image|>"
     family_name = "Gemma4"
 
-    def _check_encoder(self):
+    def _check_backbone(self, backbone):
         from vllm_keras_hub.multimodal import _image_converter
 
         converter = _image_converter(self.preset)
-        pool = self.backbone.vision_encoder.pool_size
-        if converter.pooling_kernel_size != pool or converter.patch_size != (
-            self.backbone.vision_encoder.patch_size
-        ):
+        encoder = backbone.vision_encoder
+        expected = (converter.patch_size, converter.pooling_kernel_size)
+        if (encoder.patch_size, encoder.pool_size) != expected:
             raise RouteError(
                 f"{self._name}: its image converter cuts patches of "
-                f"{converter.patch_size} pooled by {converter.pooling_kernel_size}, "
-                f"its vision encoder takes patches of "
-                f"{self.backbone.vision_encoder.patch_size} pooled by {pool}."
+                f"{converter.patch_size} pixels pooled by "
+                f"{converter.pooling_kernel_size}, its vision encoder takes "
+                f"patches of {encoder.patch_size} pooled by {encoder.pool_size}."
             )
 
     def _encode(self, pixel_values, pixel_position_ids):
@@ -266,17 +266,33 @@ class KerasHubGemma4VisionForCausalLM(_KerasHubImages):
         scale = float(self.backbone.hidden_dim) ** -0.5
         return torch.stack(embeddings) * torch.tensor(scale, dtype=embeddings[0].dtype)
 
+    def load_preset(self, lora_weights=None):
+        super().load_preset(lora_weights)
+        # Each step's per-layer token ids, written by `embed_input_ids`
+        # (vLLM calls it before every step of a multimodal model), read by
+        # `forward`: a buffer of fixed address, as vLLM's own Gemma3n keeps
+        # its per-layer embeddings.
+        self._per_layer_ids = torch.zeros(
+            self.vllm_config.scheduler_config.max_num_batched_tokens,
+            dtype=torch.long,
+            device=self.vllm_config.device_config.device,
+        )
+
     def _embed(self, input_ids, images, is_image):
         from keras import ops
 
+        # Its graph's per-layer token ids are 0 at image tokens (its
+        # `vision_mask`), and the step's own ids elsewhere.
+        per_layer_ids = input_ids if images is None else torch.where(is_image, 0, input_ids)
+        self._per_layer_ids[: len(input_ids)].copy_(per_layer_ids)
         embeddings = token_embedding(self.backbone)(input_ids)
         if images is not None:
             embeddings = _merge_multimodal_embeddings(embeddings, images, is_image)
         return embeddings * ops.cast(ops.sqrt(self.backbone.hidden_dim), embeddings.dtype)
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
-        # Its graph's per-layer token ids are 0 at image tokens (its
-        # `vision_mask`: every `<|image|>` of a prompt with images).
-        image_token = self.image["image_token_id"]
-        input_ids = torch.where(input_ids == image_token, 0, input_ids)
+        if inputs_embeds is not None:
+            # Without images (`--limit-mm-per-prompt '{"image": 0}'`) vLLM
+            # hands the token ids alone, and they are the per-layer ids.
+            input_ids = self._per_layer_ids[: inputs_embeds.shape[0]]
         return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)

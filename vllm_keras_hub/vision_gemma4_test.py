@@ -62,11 +62,11 @@ def test_images_in_a_batch_match_generate(llm, preset):
     expected = keras_hub_greedy_with_images(preset, PROMPTS, MAX_NEW_TOKENS)
     outputs = llm.generate([request(*p) for p in PROMPTS], GREEDY, use_tqdm=False)
     assert_tokens(outputs, expected)
-    support_matrix.record(row, "Gemma4Backbone", images="pass")
     assert len({tuple(expected[i][1]) for i in (0, 3, 4)}) == 3
     # 280 soft tokens per image, split over 128-token steps.
     positions = image_positions(expected[0][0])
     assert len(positions) == 280 and positions[0] < STEP_TOKENS < positions[-1]
+    support_matrix.record(row, "Gemma4Backbone", images="pass")
 
 
 def test_the_same_image_again_is_served_from_the_prefix_cache(llm, preset):
@@ -112,3 +112,42 @@ def test_each_image_is_encoded_by_its_own_grid(llm, preset):
     np.testing.assert_allclose(
         embeddings[0].numpy() * scale, encode(alone)[0], rtol=1e-5, atol=1e-5
     )
+
+
+def test_an_encoder_pooling_otherwise_than_the_converter_is_refused(preset):
+    """The converter reloads pooling by 3 (its saved config drops
+    `pooling_kernel_size`): an encoder pooling by 2 would misplace its
+    patches, so the model class refuses it at load."""
+    import types
+
+    from keras_hub.src.models.gemma4.gemma4_vision_encoder import Gemma4VisionEncoder
+
+    from vllm_keras_hub.probe import RouteError
+    from vllm_keras_hub.vision import KerasHubGemma4VisionForCausalLM
+
+    def check(pool_size):
+        encoder = Gemma4VisionEncoder(
+            image_size=384, patch_size=8, num_heads=2, hidden_dim=32, num_layers=1,
+            intermediate_dim=64, head_dim=16, output_dim=128, pool_size=pool_size,
+        )  # fmt: skip
+        model = types.SimpleNamespace(preset=preset, _name="Gemma4 (test)")
+        backbone = types.SimpleNamespace(vision_encoder=encoder)
+        KerasHubGemma4VisionForCausalLM._check_backbone(model, backbone)
+
+    check(3)
+    with pytest.raises(RouteError, match="pooled by 3, its vision encoder takes patches of 8 pooled by 2"):
+        check(2)
+
+
+# Last: an engine of its own, started while the module's is still open.
+def test_text_only_serving_of_a_vision_preset(llm, preset):
+    """With no images allowed, vLLM hands the model token ids alone (no
+    `embed_input_ids`): they are its per-layer ids too."""
+    prompts = [("Hello there", []), ("The quick brown fox", [])]
+    expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
+    with in_process_llm(
+        f"keras_hub:{preset}", limit_mm_per_prompt={"image": 0}, block_size=32
+    ) as text_llm:
+        assert type(served_model(text_llm)).__name__ == "KerasHubGemma4VisionForCausalLM"
+        outputs = text_llm.generate([p for p, _ in prompts], GREEDY, use_tqdm=False)
+    assert_tokens(outputs, expected)

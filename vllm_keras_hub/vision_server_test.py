@@ -47,6 +47,14 @@ FAMILIES = {
     ),
 }
 
+# The prompt each family's chat format renders for a system message and a
+# user message.
+SYSTEM_PROMPTS = {
+    "gemma3": "<start_of_turn>user\nBe brief.\n\nHello there<end_of_turn>\n<start_of_turn>model\n",
+    "gemma3n": "<start_of_turn>user\nBe brief.\n\nHello there<end_of_turn>\n<start_of_turn>model\n",
+    "gemma4": "<|turn>system\nBe brief.<turn|>\n<|turn>user\nHello there<turn|>\n<|turn>model\n",
+}
+
 
 def data_uri(image, format="PNG"):
     buffer = io.BytesIO()
@@ -70,12 +78,20 @@ def preset(tmp_path_factory, family):
 
 
 @pytest.fixture(scope="module")
-def client(preset):
+def media(tmp_path_factory):
+    """A folder of images the server may read."""
+    folder = tmp_path_factory.mktemp("media")
+    IMAGES[0].save(folder / "image.png")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def client(preset, media):
     port = free_port()
     command = serve_command(
         preset, "--port", str(port), "--served-model-name", MODEL,
         "--max-model-len", "1024", "--dtype", "float32", "--enforce-eager",
-        "--limit-mm-per-prompt", '{"image": 2}',
+        "--limit-mm-per-prompt", '{"image": 2}', "--allowed-local-media-path", str(media),
     )  # fmt: skip
     with running_server(command, port, model_name=MODEL) as (base_url, _):
         yield openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
@@ -107,6 +123,39 @@ def test_an_image_url_part_gives_the_tokens_of_the_oracle(client, preset, family
     # The family's chat format: the image where it stands, text parts trimmed.
     prompt, _, oracle = FAMILIES[family]
     expected = oracle(preset, [(prompt, [IMAGES[0]])], MAX_TOKENS)
+    assert reply.prompt_token_ids == expected[0][0]
+    assert reply.choices[0].token_ids == expected[0][1]
+
+
+def test_a_local_file_under_the_allowed_path_gives_the_tokens_of_the_oracle(
+    client, preset, family, media
+):
+    content = [
+        {"type": "text", "text": "What is in "},
+        image_part(f"file://{media}/image.png"),
+        {"type": "text", "text": " this picture?"},
+    ]
+    reply = chat(client, content)
+    prompt, _, oracle = FAMILIES[family]
+    expected = oracle(preset, [(prompt, [IMAGES[0]])], MAX_TOKENS)
+    assert reply.choices[0].token_ids == expected[0][1]
+
+
+def test_a_system_message_renders_in_the_family_format(client, preset, family):
+    """vLLM hands a template that takes parts every message's content as
+    parts, the system message's too."""
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hello there"},
+        ],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    prompt = SYSTEM_PROMPTS[family]
+    expected = FAMILIES[family][2](preset, [(prompt, [])], MAX_TOKENS)
     assert reply.prompt_token_ids == expected[0][0]
     assert reply.choices[0].token_ids == expected[0][1]
 

@@ -148,11 +148,16 @@ def _gemma3n_images(tokenizer):
         image_shape=(64, 64, 3),
     )
     # The vision vocabulary starts at `<end_of_image>`, as in the published
-    # vocabulary: it and the image soft token embed with the vision embedder.
+    # vocabulary: it and the image soft token embed with the vision
+    # embedder. As published, the per-layer vocabulary ends where it starts
+    # (here, with it, most of the text's too): ids from there on get the
+    # per-layer embedding of id 0.
+    offset = tokenizer.token_to_id("<end_of_image>")
     return dict(
+        vocab_size_per_layer_input=offset,
         vision_encoder_config=encoder,
         vision_hidden_size=32,
-        vision_vocab_offset=tokenizer.token_to_id("<end_of_image>"),
+        vision_vocab_offset=offset,
         vision_vocab_size=2,
         vision_soft_tokens_per_image=16,
         image_token_id=tokenizer.image_placeholder_id,

@@ -2,7 +2,7 @@
 
 `model_test.py` records each tiny preset's parity results and the attention
 features its served model used (`parallel_test.py` the parallel columns,
-`vision_test.py` the images column); `conftest.py` writes the table to
+`vision*_test.py` the images column); `conftest.py` writes the table to
 `build/test-reports/support_matrix.md` when the session ends, and
 `scripts/update-reports` copies it into the README.
 """
