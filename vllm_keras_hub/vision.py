@@ -250,7 +250,7 @@ class KerasHubGemma4VisionForCausalLM(_KerasHubImages):
     def _encode(self, pixel_values, pixel_position_ids):
         # One image at a time: `Gemma4VisionAveragePooling` takes the pooled
         # grid's width from the widest image of its batch (KerasHub 0.32),
-        # which would misplace a narrower image's patches.
+        # and fails on, or misplaces, images of other aspect ratios.
         encoder = self.backbone.vision_encoder
         embeddings = [
             encoder(
@@ -291,8 +291,9 @@ class KerasHubGemma4VisionForCausalLM(_KerasHubImages):
         return embeddings * ops.cast(ops.sqrt(self.backbone.hidden_dim), embeddings.dtype)
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+        # A multimodal engine's steps come with embeddings, after
+        # `embed_input_ids` kept their per-layer ids; an engine allowing no
+        # images hands the ids alone, and they are the per-layer ids.
         if inputs_embeds is not None:
-            # Without images (`--limit-mm-per-prompt '{"image": 0}'`) vLLM
-            # hands the token ids alone, and they are the per-layer ids.
             input_ids = self._per_layer_ids[: inputs_embeds.shape[0]]
         return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
