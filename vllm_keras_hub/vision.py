@@ -108,16 +108,20 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
         as KerasHub fills them (Gemma3's always does)."""
 
     def _serving_step(self, stage):
-        # The encoder too, on an image of the profiling size: layers that
-        # read their own weights (Gemma4's clippable linears) keep them.
+        # The encoder too: layers that read their own weights (Gemma4's
+        # clippable linears) keep them.
         super()._serving_step(stage)
+        with torch.inference_mode():
+            self.embed_multimodal(**self._smallest_image())
+
+    def _smallest_image(self):
+        """The cheapest input the encoder takes: an image of its size."""
         from PIL import Image
 
         from vllm_keras_hub.multimodal import to_pixels
 
         size = self.image["image_size"]
-        with torch.inference_mode():
-            self.embed_multimodal(**to_pixels(self.preset, [Image.new("RGB", (size, size))]))
+        return to_pixels(self.preset, [Image.new("RGB", (size, size))])
 
     def get_language_model(self):
         return self
@@ -246,6 +250,16 @@ class KerasHubGemma4VisionForCausalLM(_KerasHubImages):
                 f"{converter.pooling_kernel_size}, its vision encoder takes "
                 f"patches of {encoder.patch_size} pooled by {encoder.pool_size}."
             )
+
+    def _smallest_image(self):
+        # One pooled cell of patches, not the converter's 2520 (seconds of
+        # attention at load).
+        encoder = self.backbone.vision_encoder
+        side = encoder.pool_size
+        rows, columns = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+        positions = torch.stack([columns.flatten(), rows.flatten()], -1).int()
+        pixels = torch.zeros(side * side, 3 * encoder.patch_size**2)
+        return {"pixel_values": pixels[None], "pixel_position_ids": positions[None]}
 
     def _encode(self, pixel_values, pixel_position_ids):
         # One image at a time: `Gemma4VisionAveragePooling` takes the pooled

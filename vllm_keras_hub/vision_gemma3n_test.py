@@ -14,11 +14,13 @@ from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
+from vllm_keras_hub.testing.images import assert_the_second_hits_the_prefix_cache_inside_the_image
 from vllm_keras_hub.testing.images import assert_tokens
 from vllm_keras_hub.testing.images import batch_prompts
 from vllm_keras_hub.testing.images import image_positions
 from vllm_keras_hub.testing.images import random_image
 from vllm_keras_hub.testing.images import request
+from vllm_keras_hub.testing.images import same_image_twice
 from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
 
 MAX_NEW_TOKENS = 8
@@ -73,14 +75,6 @@ def test_an_image_split_over_two_prefill_steps(llm, preset):
 def test_the_same_image_again_is_served_from_the_prefix_cache(llm, preset):
     """The cached blocks end inside the image: its last tokens are computed
     in the next step, from the encoder's cached embeddings."""
-    image = random_image(7)
-    prompts = [
-        ("Look at this picture carefully: <start_of_image> what is it?", [image]),
-        ("Look at this picture carefully: <start_of_image> and its colour?", [image]),
-    ]
+    prompts = same_image_twice("<start_of_image>")
     expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
-    first = llm.generate([request(*prompts[0])], GREEDY, use_tqdm=False)
-    second = llm.generate([request(*prompts[1])], GREEDY, use_tqdm=False)
-    assert_tokens(first + second, expected)
-    positions = image_positions(expected[1][0])
-    assert positions[0] < second[0].num_cached_tokens <= positions[-1]
+    assert_the_second_hits_the_prefix_cache_inside_the_image(llm, prompts, expected, GREEDY)

@@ -29,11 +29,12 @@ from vllm_keras_hub.testing.image_oracle import image_prompt_inputs
 from vllm_keras_hub.testing.image_oracle import image_parts
 from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
 from vllm_keras_hub.testing.images import IMAGES
+from vllm_keras_hub.testing.images import assert_the_second_hits_the_prefix_cache_inside_the_image
 from vllm_keras_hub.testing.images import assert_tokens
 from vllm_keras_hub.testing.images import batch_prompts
 from vllm_keras_hub.testing.images import image_positions
-from vllm_keras_hub.testing.images import random_image
 from vllm_keras_hub.testing.images import request
+from vllm_keras_hub.testing.images import same_image_twice
 from vllm_keras_hub.testing.media_encoders import GEMMA4_IMAGE_WINDOW
 from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
 
@@ -97,17 +98,9 @@ def test_generate_attends_causally_over_images(preset, expected):
 def test_the_same_image_again_is_served_from_the_prefix_cache(llm, preset):
     """The cached blocks end inside the image; the rest of the image is
     computed in one step and attends to the cached part and back."""
-    image = random_image(7)
-    prompts = [
-        ("Look at this picture carefully: <|image|> what is it?", [image]),
-        ("Look at this picture carefully: <|image|> and its colour?", [image]),
-    ]
+    prompts = same_image_twice("<|image|>")
     expected = gemma4_full_forward_with_images(preset, prompts, MAX_NEW_TOKENS)
-    first = llm.generate([request(*prompts[0])], GREEDY, use_tqdm=False)
-    second = llm.generate([request(*prompts[1])], GREEDY, use_tqdm=False)
-    assert_tokens(first + second, expected)
-    positions = image_positions(expected[1][0])
-    assert positions[0] < second[0].num_cached_tokens <= positions[-1]
+    assert_the_second_hits_the_prefix_cache_inside_the_image(llm, prompts, expected, GREEDY)
 
 
 def test_prompt_logprobs_over_an_image_match_the_full_forward(llm, preset):

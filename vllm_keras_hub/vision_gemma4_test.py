@@ -22,11 +22,12 @@ from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
 from vllm_keras_hub.testing.images import IMAGES
+from vllm_keras_hub.testing.images import assert_the_second_hits_the_prefix_cache_inside_the_image
 from vllm_keras_hub.testing.images import assert_tokens
 from vllm_keras_hub.testing.images import batch_prompts
 from vllm_keras_hub.testing.images import image_positions
-from vllm_keras_hub.testing.images import random_image
 from vllm_keras_hub.testing.images import request
+from vllm_keras_hub.testing.images import same_image_twice
 from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
 
 MAX_NEW_TOKENS = 8
@@ -70,17 +71,9 @@ def test_images_in_a_batch_match_generate(llm, preset):
 
 
 def test_the_same_image_again_is_served_from_the_prefix_cache(llm, preset):
-    image = random_image(7)
-    prompts = [
-        ("Look at this picture carefully: <|image|> what is it?", [image]),
-        ("Look at this picture carefully: <|image|> and its colour?", [image]),
-    ]
+    prompts = same_image_twice("<|image|>")
     expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
-    first = llm.generate([request(*prompts[0])], GREEDY, use_tqdm=False)
-    second = llm.generate([request(*prompts[1])], GREEDY, use_tqdm=False)
-    assert_tokens(first + second, expected)
-    positions = image_positions(expected[1][0])
-    assert positions[0] < second[0].num_cached_tokens <= positions[-1]
+    assert_the_second_hits_the_prefix_cache_inside_the_image(llm, prompts, expected, GREEDY)
 
 
 def test_each_image_is_encoded_by_its_own_grid(llm, preset):
@@ -120,18 +113,13 @@ def test_an_encoder_pooling_otherwise_than_the_converter_is_refused(preset):
     patches, so the model class refuses it at load."""
     import types
 
-    from keras_hub.src.models.gemma4.gemma4_vision_encoder import Gemma4VisionEncoder
-
     from vllm_keras_hub.probe import RouteError
+    from vllm_keras_hub.testing.media_encoders import tiny_gemma4_encoder
     from vllm_keras_hub.vision import KerasHubGemma4VisionForCausalLM
 
     def check(pool_size):
-        encoder = Gemma4VisionEncoder(
-            image_size=384, patch_size=8, num_heads=2, hidden_dim=32, num_layers=1,
-            intermediate_dim=64, head_dim=16, output_dim=128, pool_size=pool_size,
-        )  # fmt: skip
         model = types.SimpleNamespace(preset=preset, _name="Gemma4 (test)")
-        backbone = types.SimpleNamespace(vision_encoder=encoder)
+        backbone = types.SimpleNamespace(vision_encoder=tiny_gemma4_encoder(pool_size))
         KerasHubGemma4VisionForCausalLM._check_backbone(model, backbone)
 
     check(3)

@@ -20,10 +20,11 @@ from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
 from vllm_keras_hub.testing.images import IMAGES
+from vllm_keras_hub.testing.images import assert_the_second_hits_the_prefix_cache_inside_the_image
 from vllm_keras_hub.testing.images import assert_tokens
 from vllm_keras_hub.testing.images import image_positions
-from vllm_keras_hub.testing.images import random_image
 from vllm_keras_hub.testing.images import request
+from vllm_keras_hub.testing.images import same_image_twice
 from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
 from vllm_keras_hub.testing.user_env import user_env
 
@@ -74,17 +75,9 @@ def test_images_in_a_batch_match_generate(llm, expected):
 
 def test_the_same_image_again_is_served_from_the_prefix_cache(llm, preset):
     """The cached blocks end inside the image: its last tokens attend again."""
-    image = random_image(7)
-    prompts = [
-        ("Look at this picture carefully: <start_of_image> what is it?", [image]),
-        ("Look at this picture carefully: <start_of_image> and its colour?", [image]),
-    ]
+    prompts = same_image_twice("<start_of_image>")
     expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
-    first = llm.generate([request(*prompts[0])], GREEDY, use_tqdm=False)
-    second = llm.generate([request(*prompts[1])], GREEDY, use_tqdm=False)
-    assert_tokens(first + second, expected)
-    positions = image_positions(expected[1][0])
-    assert positions[0] < second[0].num_cached_tokens <= positions[-1]
+    assert_the_second_hits_the_prefix_cache_inside_the_image(llm, prompts, expected, GREEDY)
 
 
 def test_an_image_past_the_sliding_window(llm, preset):
@@ -124,11 +117,7 @@ def test_compiled_with_chunked_prefill_an_image_is_never_split(preset, expected)
     budget another prompt has nearly used up: vLLM's own scheduler would
     compute part of the image's rest there (`scheduler.py`).
     """
-    image = random_image(7)
-    resumed = [
-        ("Look at this picture carefully: <start_of_image> what is it?", [image]),
-        ("Look at this picture carefully: <start_of_image> and its colour?", [image]),
-    ]
+    resumed = same_image_twice("<start_of_image>")
     resumed_expected = keras_hub_greedy_with_images(preset, resumed, MAX_NEW_TOKENS)
     with in_process_llm(
         f"keras_hub:{preset}",

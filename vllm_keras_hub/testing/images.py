@@ -48,3 +48,23 @@ def image_positions(ids):
     """Positions of the image soft tokens: the most frequent id of a prompt."""
     soft = max(set(ids), key=ids.count)
     return [i for i, token in enumerate(ids) if token == soft]
+
+
+def same_image_twice(placeholder):
+    """Two prompts with the same image and the same text up to past it."""
+    image = random_image(7)
+    return [
+        (f"Look at this picture carefully: {placeholder} what is it?", [image]),
+        (f"Look at this picture carefully: {placeholder} and its colour?", [image]),
+    ]
+
+
+def assert_the_second_hits_the_prefix_cache_inside_the_image(llm, prompts, expected, params):
+    """Served one after the other, `same_image_twice`'s prompts give the
+    oracle's tokens, and the second's cached blocks end inside its image:
+    the image's last tokens are computed in the next step."""
+    first = llm.generate([request(*prompts[0])], params, use_tqdm=False)
+    second = llm.generate([request(*prompts[1])], params, use_tqdm=False)
+    assert_tokens(first + second, expected)
+    positions = image_positions(expected[1][0])
+    assert positions[0] < second[0].num_cached_tokens <= positions[-1]

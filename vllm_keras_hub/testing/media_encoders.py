@@ -33,25 +33,32 @@ def _gemma3_vision_encoder(vocabulary_size):
     )
 
 
-def _gemma4_vision_encoder(vocabulary_size):
+def tiny_gemma4_encoder(pool_size=3):
+    """A tiny Gemma4 ViT.
+
+    Pooled by 3 as every published Gemma4 encoder (and as its image
+    converter assumes): the converter's 2520 patches of 8x8 pixels pool to
+    280 soft tokens.
+    """
     from keras_hub.src.models.gemma4.gemma4_vision_encoder import (
         Gemma4VisionEncoder,
     )
 
-    return dict(
-        image_size=32,
-        vision_encoder=Gemma4VisionEncoder(
-            image_size=32,
-            patch_size=8,
-            num_heads=2,
-            hidden_dim=32,
-            num_layers=1,
-            intermediate_dim=64,
-            head_dim=16,
-            output_dim=TEXT_WIDTH,
-            pool_size=2,
-        ),
+    return Gemma4VisionEncoder(
+        image_size=384,
+        patch_size=8,
+        num_heads=2,
+        hidden_dim=32,
+        num_layers=1,
+        intermediate_dim=64,
+        head_dim=16,
+        output_dim=TEXT_WIDTH,
+        pool_size=pool_size,
     )
+
+
+def _gemma4_vision_encoder(vocabulary_size):
+    return dict(image_size=384, vision_encoder=tiny_gemma4_encoder())
 
 
 def _qwen3_5_vision_encoder(vocabulary_size):
@@ -171,26 +178,8 @@ GEMMA4_IMAGE_WINDOW = 384
 
 
 def _gemma4_images(tokenizer, bidirectional=False):
-    from keras_hub.src.models.gemma4.gemma4_vision_encoder import (
-        Gemma4VisionEncoder,
-    )
-
-    # Pooled by 3 as every published Gemma4 encoder (and as the image
-    # converter assumes): 2520 patches of 8x8 pixels, 280 soft tokens.
-    encoder = Gemma4VisionEncoder(
-        image_size=384,
-        patch_size=8,
-        num_heads=2,
-        hidden_dim=32,
-        num_layers=1,
-        intermediate_dim=64,
-        head_dim=16,
-        output_dim=TEXT_WIDTH,
-        pool_size=3,
-    )
     return dict(
-        image_size=384,
-        vision_encoder=encoder,
+        _gemma4_vision_encoder(tokenizer.vocabulary_size()),
         sliding_window_size=GEMMA4_IMAGE_WINDOW,
         use_vision_bidirectional_attention=bidirectional,
     )
