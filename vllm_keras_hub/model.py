@@ -56,6 +56,7 @@ from vllm_keras_hub.layers import moe_routes
 from vllm_keras_hub.layers import parallel_linear
 from vllm_keras_hub.layers import state_routes
 from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
+from vllm_keras_hub.layers import rotary_tables
 from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
 from vllm_keras_hub.loader import backbone_dtype
 from vllm_keras_hub.loader import task_final_logit_cap
@@ -351,6 +352,7 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
             ),
             moe.experts_scope(experts),
             state_routes.state_scope(state_step),
+            rotary_tables.step_scope(),
         ):
             hidden_states = self.stage.packed_forward(input_ids, positions, hidden)
         # A step that routed differently from the start-up probe (a layer

@@ -33,7 +33,7 @@ def _autocast_input(value, dtype):
     return value
 
 
-def _direct_call(self, *args, **kwargs):
+def direct_call(self, *args, **kwargs):
     if not self.built:
         # Keras's own `__call__` builds the layer (weightless ones such as
         # ALiBi biases and rotary embeddings are built on first use).
@@ -56,7 +56,7 @@ def _direct_class(cls):
             cls.__name__,
             (cls,),
             {
-                "__call__": _direct_call,
+                "__call__": direct_call,
                 "_keras_call": cls.__call__,
                 "__module__": cls.__module__,
             },
@@ -99,6 +99,6 @@ def use_direct_calls(model):
         layer._direct_quantized = (
             getattr(layer, "quantization_mode", None) is not None
         )
-        if type(layer).__call__ is not _direct_call:
+        if type(layer).__call__ is not direct_call:
             layer.__class__ = _direct_class(type(layer))
     return len(layers)

@@ -31,6 +31,15 @@ A fourth changes the compiled kernels, not the trace:
   kernel took about 75 us a step, against 15 us for native's (SmolLM2,
   bfloat16, the average over a run of 32 requests).
 
+And three are not traced at all:
+
+- `standardize_dtype`, `result_type` and torch's `to_torch_dtype` map
+  dtypes to dtypes through Keras's promotion lattice, once per op (its
+  `lru_cache` is ignored by Dynamo, which traced the lattice every time).
+  Their answers depend only on their constant arguments and the process's
+  Keras config, which serving never changes, so Dynamo calls them at trace
+  time and keeps the result (`torch.compiler.assume_constant_result`).
+
 `substitute_keras_helpers()` registers, with
 `torch.compiler.substitute_in_graph`, versions that Dynamo traces instead.
 The results are the same: a tensor or Variable already on Keras's device is
@@ -82,7 +91,9 @@ def substitute_keras_helpers():
     global _REGISTERED
     if _REGISTERED:
         return
+    from keras.src.backend.common import dtypes
     from keras.src.backend.common import keras_tensor
+    from keras.src.backend.common import variables
     from keras.src.backend.torch import core
     from keras.src.backend.torch import numpy as torch_numpy
 
@@ -115,6 +126,33 @@ def substitute_keras_helpers():
             if base.is_floating_point():
                 return torch.pow(base, x2)
         return keras_power(x1, x2)
+
+    # Keras's dtype helpers map dtypes to dtypes through its promotion
+    # lattice (cached with `lru_cache`, which Dynamo ignores): the same
+    # answers for the same constants, read from the process's Keras config,
+    # which serving never changes. Dynamo calls them once per call site
+    # instead of tracing their Python.
+    keras_standardize_dtype = torch.compiler.assume_constant_result(
+        _copy(variables.standardize_dtype)
+    )
+
+    @torch.compiler.substitute_in_graph(variables.standardize_dtype)
+    def standardize_dtype(dtype):
+        return keras_standardize_dtype(dtype)
+
+    keras_result_type = torch.compiler.assume_constant_result(_copy(dtypes.result_type))
+
+    @torch.compiler.substitute_in_graph(dtypes.result_type)
+    def result_type(*dtypes):
+        return keras_result_type(*dtypes)
+
+    keras_to_torch_dtype = torch.compiler.assume_constant_result(
+        _copy(core.to_torch_dtype)
+    )
+
+    @torch.compiler.substitute_in_graph(core.to_torch_dtype)
+    def to_torch_dtype(dtype):
+        return keras_to_torch_dtype(dtype)
 
     keras_take_along_axis = _copy(torch_numpy.take_along_axis)
 

@@ -57,6 +57,33 @@ def test_results_equal_keras_and_no_device_moves_are_traced():
     assert counts["to"] == 1, counts  # the float64 cast
 
 
+def test_dtype_promotion_under_dynamo_is_keras_own():
+    """Keras's dtype helpers run once per call site at trace time (their
+    results are constants of the process's Keras config): the promotions
+    are Keras's, not torch's (int + float scalar gives float32, mean of ints
+    float32, bfloat16 + float32 float32)."""
+
+    def step(ints, half, full):
+        return (
+            ops.add(ints, 1.5),
+            ops.mean(ints, axis=-1),
+            ops.add(half, full),
+            ops.cast(ops.multiply(half, 2), "float16"),
+            ops.convert_to_tensor([1, 2]),
+        )
+
+    ints = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    half, full = torch.randn(3, 4).bfloat16(), torch.randn(3, 4)
+    expected = step(ints, half, full)
+    got, _ = traced_ops(step, ints, half, full)
+    assert [t.dtype for t in expected] == [
+        torch.float32, torch.float32, torch.float32, torch.float16, torch.int32
+    ]
+    for a, b in zip(got, expected, strict=True):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_variables_and_scalars_still_go_through_keras():
     variable = keras.Variable(torch.ones(2, 2), dtype="float32")
 
@@ -162,8 +189,10 @@ def test_registering_is_process_wide_and_leaves_eager_keras_alone():
 
         from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
 
+        from keras.src.backend.common import dtypes, variables
         helpers = (keras_tensor.any_symbolic_tensors, core.convert_to_tensor,
-                   torch_numpy.power, torch_numpy.take_along_axis)
+                   torch_numpy.power, torch_numpy.take_along_axis,
+                   variables.standardize_dtype, dtypes.result_type, core.to_torch_dtype)
         x = torch.randn(3, 4)
         index = torch.tensor([[0], [2], [1]])
         def step():
@@ -173,7 +202,9 @@ def test_registering_is_process_wide_and_leaves_eager_keras_alone():
         substitute_keras_helpers()
         after = step()
         assert helpers == (keras_tensor.any_symbolic_tensors, core.convert_to_tensor,
-                           torch_numpy.power, torch_numpy.take_along_axis)
+                           torch_numpy.power, torch_numpy.take_along_axis,
+                           variables.standardize_dtype, dtypes.result_type,
+                           core.to_torch_dtype)
         assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
         print("eager unchanged")
     """

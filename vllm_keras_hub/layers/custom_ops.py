@@ -29,3 +29,12 @@ def register_output_op(name, func):
         target_lib=library,
     )
     _LIBRARIES.append(library)
+
+
+def register_functional_op(name, func, fake):
+    """Registers `torch.ops.vllm_keras_hub.<name>`, returning a new tensor."""
+    library = Library("vllm_keras_hub", "FRAGMENT")
+    direct_register_custom_op(
+        op_name=name, op_func=func, mutates_args=[], fake_impl=fake, target_lib=library
+    )
+    _LIBRARIES.append(library)

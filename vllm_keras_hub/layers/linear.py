@@ -24,6 +24,9 @@ import math
 import torch
 from keras import ops
 
+from vllm_keras_hub.compile.direct_calls import direct_call
+from vllm_keras_hub.layers import onednn
+
 _GEMM_CLASSES = {}
 _TIED_OUTPUT_CLASSES = {}
 
@@ -109,10 +112,32 @@ def matmul_weight(layer):
 def _packed_matmul(self, inputs):
     packed = self._packed_kernel
     batch_shape = inputs.shape[: inputs.ndim - packed.contracted_rank]
+    rows = inputs.reshape(-1, packed.in_size)
     # vLLM's oneDNN GEMM needs unit-stride rows; a vision encoder hands
     # some layers transposed (strided) activations.
-    x = packed.matmul(inputs.reshape(-1, packed.in_size).contiguous())
+    if not rows.is_contiguous():
+        rows = rows.contiguous()
+    x = packed.matmul(rows)
     return x.reshape(*batch_shape, *packed.out_shape)
+
+
+def _gemm_direct_call(self, *args, **kwargs):
+    # The whole of a packed Dense/EinsumDense call in one short frame: the
+    # input cast Keras's `__call__` makes (`compile/direct_calls.py`), the
+    # matmul, the bias and activation Keras's `call` adds. Each line of
+    # Python here is traced once per layer per compile.
+    if len(args) != 1 or kwargs.keys() - {"training"} or not self.built:
+        return self._keras_direct_call(*args, **kwargs)
+    (inputs,) = args
+    dtype = self._direct_input_dtype
+    if dtype is not None and inputs.dtype != dtype and inputs.is_floating_point():
+        inputs = inputs.to(dtype)
+    x = _packed_matmul(self, inputs)
+    if self.bias is not None:
+        x = ops.add(x, self.bias)
+    if self.activation is not None:
+        x = self.activation(x)
+    return x
 
 
 def _dense_call(self, inputs, training=None):
@@ -206,6 +231,8 @@ def _gemm_class(cls):
             }
         else:
             methods = {"call": _dense_call, "kernel": _guarded_weight(cls.kernel.fget)}
+            if cls.__call__ is direct_call:
+                methods.update(__call__=_gemm_direct_call, _keras_direct_call=direct_call)
         _GEMM_CLASSES[cls] = type(
             cls.__name__, (cls,), {**methods, "__module__": cls.__module__}
         )
@@ -251,7 +278,8 @@ def _pack(matrix):
     out)` kernel (0.17 against 1.2 ms for 512 x 1536 at one row).
 
     Returns:
-        `linear(x, weight, bias)` over the prepacked or contiguous weight.
+        `linear(x, weight, bias)` over the prepacked or contiguous weight; a
+    oneDNN-packed one as `_OneDNNLinear`.
     """
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
@@ -263,8 +291,8 @@ def _pack(matrix):
     dispatch_cpu_unquantized_gemm(linear, remove_weight=True)
     if linear.weight.numel() != 0:
         weight = linear.weight.data
-        return lambda x, _, bias: torch.nn.functional.linear(x, weight, bias)
-    return linear.cpu_linear
+        return lambda x: torch.nn.functional.linear(x, weight)
+    return onednn.functional(linear.cpu_linear) or functools.partial(_cpu_gemm, linear)
 
 
 def use_vllm_cpu_gemm(model, step):
@@ -315,11 +343,10 @@ def use_vllm_cpu_gemm(model, step):
     for layer, (variable, permutation, contracted_rank) in chosen:
         kernel = variable.value.detach().permute(permutation)
         in_size = math.prod(kernel.shape[:contracted_rank])
-        linear = _pack(kernel.reshape(in_size, -1))
         keras_class = type(layer)
         use_packed_kernel(
             layer,
-            functools.partial(_cpu_gemm, linear),
+            _pack(kernel.reshape(in_size, -1)),
             in_size,
             contracted_rank,
             tuple(kernel.shape[contracted_rank:]),

@@ -187,3 +187,33 @@ def test_tied_output_embedding_keeps_its_one_tensor(dtype):
         event.name == "mkldnn::_linear_pointwise" for event in profile.events()
     )
     assert on_onednn == (dtype == "float32")
+
+
+def test_compiled_matmuls_are_plain_nodes_on_vllms_onednn_kernel():
+    """On oneDNN (vLLM's float32 choice on x86), each packed matmul traces
+    as one functional op, not vLLM's write into an allocated output, which
+    AOTAutograd and Inductor must functionalize and take apart again."""
+    from vllm.platforms import CpuArchEnum
+    from vllm.platforms import current_platform
+
+    if current_platform.get_cpu_architecture() != CpuArchEnum.X86:
+        pytest.skip("vLLM's dispatch picks oneDNN for float32 on x86 CPUs only")
+    backbone = tiny_gemma("float32")
+    use_direct_calls(backbone)
+    assert use_vllm_cpu_gemm(backbone, lambda: serving_step(backbone, 3)) == 2 * 7
+    graphs = []
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    with torch.no_grad():
+        expected = serving_step(backbone, 5)
+        torch._dynamo.reset()
+        got = torch.compile(
+            lambda: serving_step(backbone, 5), backend=backend, fullgraph=True
+        )()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    targets = [str(node.target) for node in graphs[0].graph.nodes]
+    assert targets.count("vllm_keras_hub.onednn_linear") == 2 * 7, targets
+    assert not any("onednn_mm" in target for target in targets), targets

@@ -90,3 +90,47 @@ def test_compiled_rotation_reads_the_table():
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     targets = {str(node.target) for node in graphs[0].graph.nodes}
     assert not any("cos" in target or "sin" in target for target in targets), targets
+
+
+def test_one_gather_per_step_for_queries_keys_and_every_layer():
+    """Inside a served step, the rows for the step's positions are gathered
+    once and shared: KerasHub's own results, and in the compiled graph one
+    index per table instead of two a layer."""
+    from vllm_keras_hub.layers.rotary_tables import step_scope
+
+    backbone = tiny_gemma("float32")
+    rotaries = [layer.attention.rope_layer for layer in backbone.transformer_layers]
+    queries = [torch.randn(5, 1, 4, 16) for _ in rotaries]
+    keys = [torch.randn(5, 1, 2, 16) for _ in rotaries]
+    positions = torch.tensor([[4], [0], [7], [2], [9]])
+
+    def step():
+        with step_scope():
+            return [
+                (rotary(q, positions=positions), rotary(k, positions=positions))
+                for rotary, q, k in zip(rotaries, queries, keys, strict=True)
+            ]
+
+    with torch.no_grad():
+        expected = step()
+        use_rotary_tables(backbone, max_positions=16)
+        got = step()
+        graphs = []
+
+        def backend(graph_module, example_inputs):
+            graphs.append(graph_module)
+            return graph_module.forward
+
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend=backend, fullgraph=True)()
+    for ours, keras_own in zip(got + compiled, expected + expected, strict=True):
+        for a, b in zip(ours, keras_own, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    gathers = [
+        node
+        for node in graphs[0].graph.nodes
+        if node.op == "call_function" and "getitem" in str(node.target)
+        and any(isinstance(a, torch.fx.Node) and a.name.startswith("l_positions") for a in node.args)
+    ]
+    # The cos and the sin table, each indexed once for 2 layers x (q, k).
+    assert len(gathers) == 2, [str(g) for g in gathers]
