@@ -1,7 +1,8 @@
 """Load, faults, hostile input and security defaults of `vllm-keras-hub serve`.
 
-One real server (the default model, SmolLM2-135M-Instruct) on a free loopback
-port; all traffic goes to 127.0.0.1 in bounded loops. The figures each run
+One real server (the default model, SmolLM2-135M-Instruct, shared with
+`server_test.py`) on a free loopback port; all traffic goes to 127.0.0.1 in
+bounded loops. The figures each run
 measures go to `build/test-reports/reliability.md` (and `.json`);
 `scripts/update-reports` commits them to `reports/` on purpose.
 """
@@ -22,29 +23,28 @@ import pytest
 
 from vllm_keras_hub.smollm2 import DEFAULT_MODEL_NAME as MODEL
 from vllm_keras_hub.testing import reports
+from vllm_keras_hub.testing.server import DEFAULT_SERVER_API_KEY
 from vllm_keras_hub.testing.server import engine_cores
 from vllm_keras_hub.testing.server import free_port
 from vllm_keras_hub.testing.server import running_server
 from vllm_keras_hub.testing.server import serve_command
 
+# The shared server's: few sequences, so that concurrent load queues.
 MAX_MODEL_LEN = 512
-MAX_NUM_SEQS = 16  # Small, so that concurrent load queues.
+MAX_NUM_SEQS = 16
 # The full soak is 10 minutes (VLLM_KERAS_HUB_SOAK_S=600); the default keeps
 # the suite short.
 SOAK_S = float(os.environ.get("VLLM_KERAS_HUB_SOAK_S", "90"))
 REPORT = {}
 
 
+# The default-model server is shared with server_test.py.
+XDIST_GROUP = "default_server"
+
+
 @pytest.fixture(scope="module")
-def server():
-    port = free_port()
-    command = serve_command(
-        "--port", str(port),
-        "--max-model-len", str(MAX_MODEL_LEN),
-        "--max-num-seqs", str(MAX_NUM_SEQS),
-    )  # fmt: skip
-    with running_server(command, port, model_name=MODEL) as (base_url, process):
-        yield base_url, process
+def server(default_server):
+    yield default_server
     write_report()
 
 
@@ -60,9 +60,12 @@ def write_report():
         f.write("\n".join(lines))
 
 
-def client_for(base_url, **kwargs):
+def client_for(base_url, api_key=None, **kwargs):
     return openai.AsyncOpenAI(
-        base_url=f"{base_url}/v1", api_key="unused", max_retries=0, **kwargs
+        base_url=f"{base_url}/v1",
+        api_key=api_key or DEFAULT_SERVER_API_KEY,
+        max_retries=0,
+        **kwargs,
     )
 
 
@@ -94,9 +97,8 @@ def tree_rss(pid):
 
 
 def post_raw(base_url, path, data, content_type="application/json"):
-    request = urllib.request.Request(
-        f"{base_url}{path}", data=data, headers={"Content-Type": content_type}
-    )
+    headers = {"Content-Type": content_type, "Authorization": f"Bearer {DEFAULT_SERVER_API_KEY}"}
+    request = urllib.request.Request(f"{base_url}{path}", data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, response.read()
@@ -389,7 +391,7 @@ def test_sigterm_with_a_request_in_flight(tiny_preset, flags, drains):
 
         async def run():
             timeout = 120 if drains else ABORTED_CLIENT_TIMEOUT_S
-            client = client_for(base_url, timeout=timeout)
+            client = client_for(base_url, api_key="unused", timeout=timeout)
             stream = await client.completions.create(
                 model=model, prompt="Hello", max_tokens=IN_FLIGHT_TOKENS, stream=True,
                 extra_body={"ignore_eos": True}, stream_options={"include_usage": True},

@@ -1,7 +1,7 @@
 """`vllm-keras-hub serve` (the default model, SmolLM2-135M-Instruct) end to end.
 
-A real server process on a free loopback port, spoken to with the official
-`openai` client.
+A real server process on a free loopback port, started as users start it
+(compiled, with an API key), spoken to with the official `openai` client.
 """
 
 import base64
@@ -15,28 +15,19 @@ import pytest
 from PIL import Image
 
 from vllm_keras_hub.smollm2 import DEFAULT_MODEL_NAME
-from vllm_keras_hub.testing.server import free_port
-from vllm_keras_hub.testing.server import running_server
-from vllm_keras_hub.testing.server import serve_command
+from vllm_keras_hub.testing.server import DEFAULT_SERVER_API_KEY
 
-API_KEY = "test-key"
 MAX_MODEL_LEN = 512
+# The default-model server is shared with reliability_test.py.
+XDIST_GROUP = "default_server"
+
+
+API_KEY = DEFAULT_SERVER_API_KEY
 
 
 @pytest.fixture(scope="module")
-def server():
-    port = free_port()
-    # The default command, compiled; the same engine settings as
-    # reliability_test.py's server, so the later of the two loads the
-    # compile the first saved, as a user's restart does.
-    command = serve_command(
-        "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN),
-        "--max-num-seqs", "16", "--api-key", API_KEY,
-    )  # fmt: skip
-    with running_server(
-        command, port, model_name=DEFAULT_MODEL_NAME, api_key=API_KEY
-    ) as (base_url, process):
-        yield base_url, process
+def server(default_server):
+    return default_server
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +71,7 @@ def test_api_key_is_required(server):
     body = {"model": DEFAULT_MODEL_NAME, "prompt": "Hi", "max_tokens": 1}
     assert post(base_url, "/v1/completions", body, key=None)[0] == 401
     assert post(base_url, "/v1/completions", body, key="wrong")[0] == 401
+    assert post(base_url, "/v1/completions", body)[0] == 200
 
 
 def test_completion(client):

@@ -15,6 +15,8 @@ from vllm_keras_hub.testing.user_env import user_env
 
 # A first compiled start of SmolLM2 takes ~3 minutes on 2 idle cores.
 STARTUP_TIMEOUT_S = 600
+# The key of the default-model server the tests share (`conftest.py`).
+DEFAULT_SERVER_API_KEY = "test-key"
 
 
 def free_port():
