@@ -111,10 +111,11 @@ def serve(model, vllm_argv):
         args.model_loader_extra_config = adapter_loader_config(
             own_args.lora_weights, args.model_loader_extra_config
         )
-    _convert_lora_modules(preset, args)
     given = {arg.split("=", 1)[0] for arg in vllm_argv}
+    # Reads the preset: a bad MODEL is named before any adapter of it is read.
     folder = ModelFolder(preset, max_model_len=args.max_model_len)
     try:
+        _convert_lora_modules(preset, args)
         check_parallelism(
             folder.family,
             args.tensor_parallel_size,

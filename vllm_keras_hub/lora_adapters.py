@@ -20,7 +20,8 @@ Each layer's A and B become a standard LoRA of its kernel as the matrix
 KerasHub's alpha is the rank, so the scale is 1; the folder says so per
 module (`rank_pattern`, `alpha_pattern`), since the ranks differ.
 
-Folders are written once per adapter file and preset, under the user cache
+Folders are written once per adapter file, preset and converter (this
+module's code and KerasHub's version), under the user cache
 (`$VLLM_KERAS_HUB_CACHE/lora/`), and reused.
 """
 
@@ -38,7 +39,6 @@ from vllm_keras_hub.lora import LoraAdapterError
 
 # vLLM's allowed `max_lora_rank` values (`vllm/config/lora.py`).
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-FORMAT_VERSION = "1"
 
 
 class UnsupportedLoraError(ValueError):
@@ -213,6 +213,22 @@ def _cache_root():
     return os.path.join(default_cache_dir(), "lora")
 
 
+def converter_sources():
+    """The files whose code converts an adapter (it reads with `lora.py`)."""
+    return [__file__, lora.__file__]
+
+
+def _converter_digest():
+    """What a converted folder depends on besides its adapter and preset."""
+    import keras_hub
+
+    digest = hashlib.sha256(keras_hub.__version__.encode())
+    for source in converter_sources():
+        with open(source, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()
+
+
 def peft_folder(preset, path, max_lora_rank, cache_root=None):
     """The PEFT folder of KerasHub adapter `path` for `preset`, made once.
 
@@ -234,9 +250,9 @@ def peft_folder(preset, path, max_lora_rank, cache_root=None):
 
     lora.read_adapter(path)
     # The layer layout is the backbone config's; the folder is made again
-    # if either file changes.
+    # if either file, or the converter, changes.
     backbone_config = json.dumps(load_json(preset, CONFIG_FILE), sort_keys=True)
-    digest = hashlib.sha256(f"{FORMAT_VERSION}\0{backbone_config}\0".encode())
+    digest = hashlib.sha256(f"{_converter_digest()}\0{backbone_config}\0".encode())
     with open(path, "rb") as f:
         digest.update(f.read())
     root = cache_root or _cache_root()

@@ -119,6 +119,26 @@ def test_standard_form_is_keras_hubs_delta_for_every_matmul_layout(tmp_path):
     assert {shared for _, shared in seen} == {True, False}
 
 
+def test_a_changed_converter_converts_again(adapters, tmp_path, monkeypatch):
+    """Converted folders are kept per adapter, preset and converter code: a
+    stale folder never stands in for what a changed converter writes."""
+    base, files, _ = adapters
+    source = tmp_path / "converter.py"
+    source.write_text("# version 1\n")
+    monkeypatch.setattr(
+        lora_adapters, "converter_sources", lambda: [lora_adapters.__file__, str(source)]
+    )
+    cache = str(tmp_path / "cache")
+    first = lora_adapters.peft_folder(base, files["default"], MAX_LORA_RANK, cache)
+    assert lora_adapters.peft_folder(base, files["default"], MAX_LORA_RANK, cache) == first
+    source.write_text("# version 2\n")
+    second = lora_adapters.peft_folder(base, files["default"], MAX_LORA_RANK, cache)
+    assert second != first
+    assert sorted(os.listdir(cache)) == sorted(
+        os.path.basename(folder) for folder in (first, second)
+    )
+
+
 def test_one_batch_gives_each_row_its_adapter_or_the_base_model(adapters, llm):
     """Two adapters and the base model, interleaved in one `generate()` call.
 
@@ -263,6 +283,19 @@ def test_serve_refuses_a_wrong_lora_module_before_the_engine_starts(
     assert re.search(cause, result.stderr), result.stderr
     assert not result.engine_started
     assert ENGINE_STARTED not in result.stderr + result.stdout
+
+
+def test_serve_names_a_bad_model_before_reading_its_adapters(adapters):
+    """The adapter is checked against the preset's layers, so the preset
+    comes first: a missing one exits 2 with its own cause."""
+    result = run_cli(
+        "serve", "keras_hub:/no/such/preset", "--enable-lora",
+        "--lora-modules", f"support={adapters[1]['default']}",
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Cannot open KerasHub preset '/no/such/preset'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not result.engine_started
 
 
 def test_adapters_per_request_are_refused_at_tensor_parallel_and_for_moe(
