@@ -67,7 +67,7 @@ def test_an_image_split_over_two_prefill_steps(llm, preset):
     embeddings."""
     prompt = [("Look at this: <start_of_image> ok", [random_image(5)])]
     expected = keras_hub_greedy_with_images(preset, prompt, MAX_NEW_TOKENS)
-    positions = image_positions(expected[0][0])
+    positions = image_positions(preset, expected[0][0])
     assert positions[0] < STEP_TOKENS <= positions[-1]
     assert_tokens(llm.generate([request(*prompt[0])], GREEDY, use_tqdm=False), expected)
 
@@ -77,4 +77,6 @@ def test_the_same_image_again_is_served_from_the_prefix_cache(llm, preset):
     in the next step, from the encoder's cached embeddings."""
     prompts = same_image_twice("<start_of_image>")
     expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
-    assert_the_second_hits_the_prefix_cache_inside_the_image(llm, prompts, expected, GREEDY)
+    assert_the_second_hits_the_prefix_cache_inside_the_image(
+        llm, preset, prompts, expected, GREEDY
+    )

@@ -65,7 +65,7 @@ def test_images_in_a_batch_match_generate(llm, preset):
     assert_tokens(outputs, expected)
     assert len({tuple(expected[i][1]) for i in (0, 3, 4)}) == 3
     # 280 soft tokens per image, split over 128-token steps.
-    positions = image_positions(expected[0][0])
+    positions = image_positions(preset, expected[0][0])
     assert len(positions) == 280 and positions[0] < STEP_TOKENS < positions[-1]
     support_matrix.record(row, "Gemma4Backbone", images="pass")
 
@@ -73,7 +73,9 @@ def test_images_in_a_batch_match_generate(llm, preset):
 def test_the_same_image_again_is_served_from_the_prefix_cache(llm, preset):
     prompts = same_image_twice("<|image|>")
     expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
-    assert_the_second_hits_the_prefix_cache_inside_the_image(llm, prompts, expected, GREEDY)
+    assert_the_second_hits_the_prefix_cache_inside_the_image(
+        llm, preset, prompts, expected, GREEDY
+    )
 
 
 def test_each_image_is_encoded_by_its_own_grid(llm, preset):
@@ -99,7 +101,9 @@ def test_each_image_is_encoded_by_its_own_grid(llm, preset):
 
     with pytest.raises(RuntimeError, match="Class values must be smaller"):
         encode(pixels)
-    embeddings = served_model(llm).embed_multimodal(**pixels)
+    # As vLLM's runner calls it.
+    with torch.inference_mode():
+        embeddings = served_model(llm).embed_multimodal(**pixels)
     # The served embeddings are pre-scaled by 1/sqrt(hidden).
     scale = served_model(llm).backbone.hidden_dim ** 0.5
     np.testing.assert_allclose(
@@ -107,24 +111,30 @@ def test_each_image_is_encoded_by_its_own_grid(llm, preset):
     )
 
 
-def test_an_encoder_pooling_otherwise_than_the_converter_is_refused(preset):
+def test_an_encoder_pooling_otherwise_than_the_converter_is_refused(preset, tmp_path):
     """The converter reloads pooling by 3 (its saved config drops
     `pooling_kernel_size`): an encoder pooling by 2 would misplace its
-    patches, so the model class refuses it at load."""
-    import types
+    patches, so the model class refuses it when the engine loads it."""
+    import json
+    import shutil
 
     from vllm_keras_hub.probe import RouteError
-    from vllm_keras_hub.testing.media_encoders import tiny_gemma4_encoder
-    from vllm_keras_hub.vision import KerasHubGemma4VisionForCausalLM
 
-    def check(pool_size):
-        model = types.SimpleNamespace(preset=preset, _name="Gemma4 (test)")
-        backbone = types.SimpleNamespace(vision_encoder=tiny_gemma4_encoder(pool_size))
-        KerasHubGemma4VisionForCausalLM._check_backbone(model, backbone)
-
-    check(3)
-    with pytest.raises(RouteError, match="pooled by 3, its vision encoder takes patches of 8 pooled by 2"):
-        check(2)
+    pooled_by_2 = str(tmp_path / "pooled_by_2")
+    shutil.copytree(preset, pooled_by_2)
+    with open(f"{pooled_by_2}/config.json") as f:
+        config = json.load(f)
+    encoder = config["config"]["vision_encoder"]["config"]
+    assert encoder["pool_size"] == 3
+    encoder["pool_size"] = 2
+    with open(f"{pooled_by_2}/config.json", "w") as f:
+        json.dump(config, f)
+    message = "pooled by 3, its vision encoder takes patches of 8 pooled by 2"
+    with pytest.raises(RouteError, match=message):
+        with in_process_llm(
+            f"keras_hub:{pooled_by_2}", max_model_len=1024, limit_mm_per_prompt={"image": 1}
+        ):
+            pass
 
 
 # Last: an engine of its own, started while the module's is still open.

@@ -77,7 +77,9 @@ def test_the_same_image_again_is_served_from_the_prefix_cache(llm, preset):
     """The cached blocks end inside the image: its last tokens attend again."""
     prompts = same_image_twice("<start_of_image>")
     expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
-    assert_the_second_hits_the_prefix_cache_inside_the_image(llm, prompts, expected, GREEDY)
+    assert_the_second_hits_the_prefix_cache_inside_the_image(
+        llm, preset, prompts, expected, GREEDY
+    )
 
 
 def test_an_image_past_the_sliding_window(llm, preset):
@@ -89,7 +91,7 @@ def test_an_image_past_the_sliding_window(llm, preset):
         (" ".join(["cat"] * 95) + " <start_of_image> and <start_of_image> ok", IMAGES[1:]),
     ]
     expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
-    assert all(image_positions(ids)[-1] >= 128 for ids, _ in expected)
+    assert all(image_positions(preset, ids)[-1] >= 128 for ids, _ in expected)
     outputs = llm.generate([request(*p) for p in prompts], GREEDY, use_tqdm=False)
     assert_tokens(outputs, expected)
 
@@ -140,10 +142,10 @@ def test_compiled_with_chunked_prefill_an_image_is_never_split(preset, expected)
         )
     assert_tokens(outputs, expected)
     # The second image of the third prompt straddles a 32-token step.
-    positions = image_positions(expected[2][0])[16:]
+    positions = image_positions(preset, expected[2][0])[16:]
     assert positions[0] // 32 != positions[-1] // 32
     assert_tokens([first, second], resumed_expected)
-    positions = image_positions(resumed_expected[1][0])
+    positions = image_positions(preset, resumed_expected[1][0])
     assert positions[0] < second.num_cached_tokens < positions[-1] - 5
 
 

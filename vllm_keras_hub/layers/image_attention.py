@@ -35,11 +35,18 @@ class ImageSplitError(RuntimeError):
     """An image's tokens arrived in two steps; its attention cannot be exact."""
 
 
+class ImageMaskError(RuntimeError):
+    """A step's image mask does not fit the step; its attention cannot be exact."""
+
+
 @dataclasses.dataclass
 class _Step:
     # `(num_tokens,)` bool on the CPU: True at image soft tokens.
     is_image: object = None
-    # id(attention metadata) -> its image spans, computed once per step.
+    # The forward context's attention metadata of the step the mask is
+    # for, bound at its first layer.
+    metadata: object = None
+    # id(a layer's attention metadata) -> its image spans, once per step.
     spans: dict = dataclasses.field(default_factory=dict)
 
 
@@ -74,6 +81,7 @@ def set_step(is_multimodal):
     if is_multimodal is not None and bool(is_multimodal.any()):
         is_image = is_multimodal.to("cpu", torch.bool)
     _STEP.is_image = is_image
+    _STEP.metadata = None
     _STEP.spans = {}
 
 
@@ -145,24 +153,12 @@ def _image_attention(
     query: torch.Tensor, output: torch.Tensor, layer_name: LayerNameType
 ) -> None:
     context = get_forward_context()
-    if context.attn_metadata is None or _STEP.is_image is None:
-        return
-    layer = context.no_compile_layers[_resolve_layer_name(layer_name)]
-    metadata = context.attn_metadata[layer.layer_name]
-    if len(_STEP.is_image) != metadata.num_actual_tokens:
-        # A warm-up step after a real one (vLLM's dummy runs do not call
-        # `embed_input_ids`): the mask is the last real step's. A real
-        # step's mask has one flag per scheduled token.
-        return
-    key = id(metadata)
-    if key not in _STEP.spans:
-        is_image = _STEP.is_image
-        _STEP.spans[key] = image_spans(
-            is_image, metadata.query_start_loc.cpu(), metadata.seq_lens.cpu()
-        )
-    spans = _STEP.spans[key]
+    name = _resolve_layer_name(layer_name)
+    spans = step_spans(context, name)
     if not spans:
         return
+    layer = context.no_compile_layers[name]
+    metadata = context.attn_metadata[name]
     heads, head_dim = layer.impl.num_heads, layer.impl.head_size
     queries = query.reshape(-1, heads, head_dim)
     window = layer.impl.sliding_window
@@ -172,6 +168,43 @@ def _image_attention(
     for span in spans:
         if span not in plain:
             _attend_within_window(layer, metadata, queries, output, span, window)
+
+
+def step_spans(context, layer_name):
+    """The image spans of `layer_name`'s rows in the step `context` runs.
+
+    Args:
+        context: vLLM's forward context of the step.
+        layer_name: An attention layer's name.
+
+    Returns:
+        `image_spans`'s list; empty in a step with no images.
+
+    Raises:
+        ImageMaskError: the image mask set for this step does not have one
+            flag per token of it.
+    """
+    if context.attn_metadata is None or _STEP.is_image is None:
+        return []
+    if _STEP.metadata is None:
+        _STEP.metadata = context.attn_metadata
+    elif _STEP.metadata is not context.attn_metadata:
+        # A step whose tokens vLLM did not embed (`set_step` marks each it
+        # does): its warm-up and profiling runs, which carry no images.
+        return []
+    metadata = context.attn_metadata[layer_name]
+    if len(_STEP.is_image) != metadata.num_actual_tokens:
+        raise ImageMaskError(
+            f"The step's image mask has {len(_STEP.is_image)} flags for "
+            f"{metadata.num_actual_tokens} tokens; its images cannot be "
+            "attended exactly."
+        )
+    key = id(metadata)
+    if key not in _STEP.spans:
+        _STEP.spans[key] = image_spans(
+            _STEP.is_image, metadata.query_start_loc.cpu(), metadata.seq_lens.cpu()
+        )
+    return _STEP.spans[key]
 
 
 def _attend_within(layer, metadata, queries, output, spans):

@@ -44,9 +44,23 @@ def assert_tokens(outputs, expected):
         assert list(output.outputs[0].token_ids) == generated
 
 
-def image_positions(ids):
-    """Positions of the image soft tokens: the most frequent id of a prompt."""
-    soft = max(set(ids), key=ids.count)
+def image_token_id(preset):
+    """The id of the token an image's embeddings take the places of, from
+    the preset's image format (`image_config.py`)."""
+    import keras_hub
+
+    from vllm_keras_hub.image_config import image_fields
+    from vllm_keras_hub.preset_folder import read_preset
+
+    family, config, _ = read_preset(preset)
+    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
+    image = image_fields(preset, family.backbone, config, tokenizer)["keras_hub_image"]
+    return tokenizer.token_to_id(image["image_token"])
+
+
+def image_positions(preset, ids):
+    """Positions of the image soft tokens in a prompt's ids."""
+    soft = image_token_id(preset)
     return [i for i, token in enumerate(ids) if token == soft]
 
 
@@ -59,12 +73,14 @@ def same_image_twice(placeholder):
     ]
 
 
-def assert_the_second_hits_the_prefix_cache_inside_the_image(llm, prompts, expected, params):
+def assert_the_second_hits_the_prefix_cache_inside_the_image(
+    llm, preset, prompts, expected, params
+):
     """Served one after the other, `same_image_twice`'s prompts give the
     oracle's tokens, and the second's cached blocks end inside its image:
     the image's last tokens are computed in the next step."""
     first = llm.generate([request(*prompts[0])], params, use_tqdm=False)
     second = llm.generate([request(*prompts[1])], params, use_tqdm=False)
     assert_tokens(first + second, expected)
-    positions = image_positions(expected[1][0])
+    positions = image_positions(preset, expected[1][0])
     assert positions[0] < second[0].num_cached_tokens <= positions[-1]
