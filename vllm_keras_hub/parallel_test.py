@@ -6,8 +6,8 @@ shared memory), one spawned worker per rank, each bound to one core with
 `VLLM_CPU_OMP_THREADS_BIND="0|1"` as the README tells CPU users on one NUMA
 node. Every case serves a mixed batch with chunked prefill and checks it
 against the preset's own `CausalLM.generate()`, then asks each rank what it
-holds. The server cases run `vllm-keras-hub serve` with 2 ranks, and with
-2 vLLM nodes on loopback.
+holds. The server case runs `vllm-keras-hub serve` with 2 ranks on 2 vLLM
+nodes on loopback.
 
 All-reduce sums the ranks' partial outputs in another order than one matmul
 does, so logits differ in the last bits; the tiny presets' widened logits
@@ -23,18 +23,19 @@ from vllm_keras_hub.model_test import GREEDY
 from vllm_keras_hub.model_test import MAX_NEW_TOKENS
 from vllm_keras_hub.model_test import PROMPTS
 from vllm_keras_hub.testing import support_matrix
-from vllm_keras_hub.testing.oracle import keras_hub_greedy
 from vllm_keras_hub.testing.parallel import rank_report
 from vllm_keras_hub.testing.parallel import parallel_llm
 from vllm_keras_hub.testing.parallel import stage_report
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
-from vllm_keras_hub.testing.presets import build_tiny_preset
 from vllm_keras_hub.testing.server import end_process_group
 from vllm_keras_hub.testing.server import assert_served_greedy
 from vllm_keras_hub.testing.server import free_port
 from vllm_keras_hub.testing.server import running_server
 from vllm_keras_hub.testing.server import serve_command
 from vllm_keras_hub.testing.user_env import user_env
+
+# Each test starts its own engine: spread them over the xdist workers.
+XDIST_SPREAD = True
 
 # One core per rank: vLLM's automatic binding wants a NUMA node per rank.
 BIND = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
@@ -82,9 +83,9 @@ def _single_rank(preset):
 
 
 @pytest.mark.parametrize("family", sorted(CASES))
-def test_tensor_parallel_greedy_parity(family, tmp_path):
-    preset = build_tiny_preset(family, str(tmp_path))
-    expected = keras_hub_greedy(preset, PROMPTS, MAX_NEW_TOKENS)
+def test_tensor_parallel_greedy_parity(family, shared):
+    preset = shared.preset(family)
+    expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
     assert max(len(ids) for ids, _ in expected) > CHUNK
     with parallel_llm(
         f"keras_hub:{preset}",
@@ -103,7 +104,8 @@ def test_tensor_parallel_greedy_parity(family, tmp_path):
     assert [report["rank"] for report in reports] == [0, 1]
     for report in reports:
         # Every sharded matmul holds 1/2 of its weight on its rank (a
-        # replicated KV head: all of it), and Keras's copies are gone.
+        # replicated KV head: all of it), read from what the rank holds,
+        # and Keras's copies are gone.
         assert report["linears"]
         for held, full, shards in report["linears"]:
             assert held * shards == full
@@ -132,7 +134,7 @@ def test_tensor_parallel_greedy_parity(family, tmp_path):
     assert any(spec.sinks for spec in specs) == (family == "gpt_oss")
 
 
-# (family, multimodal) -> what it proves under pipeline parallelism.
+# (family, vision) -> what it proves under pipeline parallelism.
 PIPELINE_CASES = {
     ("llama3", False): "an untied head on the last stage, compiled",
     ("qwen", False): "q/k/v biases",
@@ -140,7 +142,9 @@ PIPELINE_CASES = {
     ("bloom", False): "ALiBi",
     ("gpt_oss", False): "attention sinks, experts on vLLM's FusedMoE",
     ("qwen3_moe", False): "experts on vLLM's FusedMoE",
-    # Text only: images are refused under pipeline parallelism.
+    # A vision preset as published (its image converter included), so served
+    # by the vision model class, with images off: they are refused under
+    # pipeline parallelism. Its text path loops over its layers.
     ("gemma3", True): "a vision preset, whose text path loops over its layers",
 }
 
@@ -153,21 +157,24 @@ def _assert_greedy_parity(outputs, expected):
         assert list(output.outputs[0].token_ids) == generated_ids, prompt
 
 
-@pytest.mark.parametrize("family, multimodal", sorted(PIPELINE_CASES))
-def test_pipeline_parallel_greedy_parity(family, multimodal, tmp_path):
-    preset = build_tiny_preset(family, str(tmp_path), multimodal=multimodal)
-    expected = keras_hub_greedy(preset, PROMPTS, MAX_NEW_TOKENS)
+@pytest.mark.parametrize("family, vision", sorted(PIPELINE_CASES))
+def test_pipeline_parallel_greedy_parity(family, vision, shared):
+    preset = shared.vision_preset(family) if vision else shared.preset(family)
+    expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
     with parallel_llm(
         f"keras_hub:{preset}",
         pipeline_parallel_size=2,
         max_num_batched_tokens=CHUNK,
         enable_chunked_prefill=True,
         enforce_eager=family != "llama3",
-        **({"limit_mm_per_prompt": {"image": 0}} if multimodal else {}),
+        **({"limit_mm_per_prompt": {"image": 0}} if vision else {}),
     ) as llm:
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         reports = sorted(llm.collective_rpc(stage_report), key=lambda r: r["ranks"])
-    row = f"{family} + vision encoder" if multimodal else family
+    if vision:
+        classes = {report["model_class"] for report in reports}
+        assert classes == {"KerasHubVisionForCausalLM"}, classes
+    row = f"{family} + vision encoder" if vision else family
     support_matrix.record(row, TINY_FAMILIES[family][1], pp2="FAIL")
     _assert_greedy_parity(outputs, expected)
     support_matrix.record(row, TINY_FAMILIES[family][1], pp2="pass")
@@ -187,13 +194,13 @@ def test_pipeline_parallel_greedy_parity(family, multimodal, tmp_path):
     assert last["embedding"] == first["head"] == first["tied"]
 
 
-def test_tensor_and_pipeline_parallel_together(tmp_path, monkeypatch):
+def test_tensor_and_pipeline_parallel_together(shared, monkeypatch):
     """2 stages of 2 ranks each: Gemma2's tied head is vocabulary-parallel
     on the last stage's ranks only, and only the first stage keeps the
     input table."""
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1|0|1")
-    preset = build_tiny_preset("gemma2", str(tmp_path))
-    expected = keras_hub_greedy(preset, PROMPTS, MAX_NEW_TOKENS)
+    preset = shared.preset("gemma2")
+    expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
     with parallel_llm(
         f"keras_hub:{preset}",
         tensor_parallel_size=2,
@@ -211,39 +218,17 @@ def test_tensor_and_pipeline_parallel_together(tmp_path, monkeypatch):
     assert all(r["others"] == 0 for r in reports)
 
 
-def test_tensor_parallel_server_gives_generates_tokens(tmp_path):
-    """`serve --tensor-parallel-size 2` through the official `openai` client.
-
-    Qwen 2: its q/k/v biases are cut per rank.
-    """
-    preset = build_tiny_preset("qwen", str(tmp_path))
-    expected = keras_hub_greedy(preset, PROMPTS, MAX_NEW_TOKENS)
-    model = f"keras_hub:{preset}"
-    port = free_port()
-    command = serve_command(
-        model,
-        "--port", str(port),
-        "--tensor-parallel-size", "2",
-        "--max-model-len", "256",
-        "--dtype", "float32",
-        "--enforce-eager",  # ranks are what is tested, not compiling
-    )  # fmt: skip
-    env = user_env(**BIND)
-    support_matrix.record("qwen", TINY_FAMILIES["qwen"][1], tp2="FAIL")
-    with running_server(command, port, env=env, model_name=model) as (base_url, _):
-        assert_served_greedy(base_url, model, PROMPTS, expected, MAX_NEW_TOKENS)
-    support_matrix.record("qwen", TINY_FAMILIES["qwen"][1], tp2="pass (server)")
-
-
-def test_two_nodes_on_loopback_give_generates_tokens(tmp_path):
-    """TP=2 spanning two vLLM nodes (`--nnodes 2`), one rank each, on 127.0.0.1.
+def test_two_nodes_on_loopback_give_generates_tokens(shared, tmp_path):
+    """`serve --tensor-parallel-size 2` through the official `openai` client,
+    its 2 ranks in 2 vLLM nodes (`--nnodes 2`) on 127.0.0.1.
 
     Node 1 runs headless (engine only); node 0 serves the API. The ranks
     are in different nodes, so vLLM's shared-memory communicator stands
-    down and they all-reduce over gloo and TCP, as on two machines.
+    down and they all-reduce over gloo and TCP, as on two machines. Qwen 2:
+    its q/k/v biases are cut per rank.
     """
-    preset = build_tiny_preset("qwen", str(tmp_path / "preset"))
-    expected = keras_hub_greedy(preset, PROMPTS[:2], MAX_NEW_TOKENS)
+    preset = shared.preset("qwen")
+    expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
     model = f"keras_hub:{preset}"
     port, master_port = free_port(), free_port()
     common = (
@@ -262,9 +247,11 @@ def test_two_nodes_on_loopback_give_generates_tokens(tmp_path):
     try:
         command = serve_command(model, *common, "--node-rank", "0", "--port", str(port))
         env = user_env(VLLM_CPU_OMP_THREADS_BIND="0")
+        support_matrix.record("qwen", TINY_FAMILIES["qwen"][1], tp2="FAIL")
         with running_server(command, port, env=env, model_name=model) as (base_url, _):
-            assert_served_greedy(base_url, model, PROMPTS[:2], expected, MAX_NEW_TOKENS)
+            assert_served_greedy(base_url, model, PROMPTS, expected, MAX_NEW_TOKENS)
     finally:
         end_process_group(node1)
     log = (tmp_path / "node1.log").read_text()
     assert "SHM communicator disabled" in log, log[-3000:]
+    support_matrix.record("qwen", TINY_FAMILIES["qwen"][1], tp2="pass (server, 2 nodes)")

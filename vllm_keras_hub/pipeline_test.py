@@ -3,6 +3,10 @@
 Each stage is loaded as its rank loads it, in a backbone of its own with
 only its weights read from the preset, and the stages run one after the
 other on the hidden states they pass, as vLLM passes them between ranks.
+They run without an engine, on one multi-token sequence with KerasHub's own
+causal attention, so every token's hidden state depends on the tokens
+before it: queries, keys, positions, windows and norms all count.
+`parallel_test.py` serves stages with vLLM's attention.
 """
 
 import keras_hub
@@ -19,11 +23,11 @@ from vllm_keras_hub.preset_weights import PresetWeights
 from vllm_keras_hub.preset_weights import unloaded_backbone
 from vllm_keras_hub.testing.lora import fine_tune_lora
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
-from vllm_keras_hub.testing.presets import build_tiny_preset
 from vllm_keras_hub.text_forward import text_forward
 
-TOKENS = torch.tensor([5, 9, 2, 7, 11, 3])
-POSITIONS = torch.arange(len(TOKENS))
+# One sequence longer than the tiny presets' 8-token windows.
+TOKENS = torch.tensor([[5, 9, 2, 7, 11, 3, 8, 4, 12, 6, 10, 13]])
+POSITIONS = torch.arange(TOKENS.shape[1])[None]
 # (family, multimodal): every family that can be cut, and Gemma3's vision
 # presets, whose text path is a loop over the layers, not its graph.
 CUT = [
@@ -34,30 +38,15 @@ CUT = [
 
 
 @pytest.fixture(scope="module")
-def presets(tmp_path_factory):
-    built = {}
-
-    def get(family, multimodal=False):
-        if (family, multimodal) not in built:
-            path = str(tmp_path_factory.mktemp(family))
-            built[family, multimodal] = build_tiny_preset(
-                family, path, multimodal=multimodal
-            )
-        return built[family, multimodal]
-
-    return get
+def presets(shared):
+    return lambda family, multimodal=False: shared.preset(family, multimodal=multimodal)
 
 
-def _whole_forward(preset):
+def _whole_forward(preset, tokens=TOKENS, positions=POSITIONS):
     backbone = keras_hub.models.Backbone.from_preset(preset, dtype="float32")
     with torch.inference_mode():
-        hidden = text_forward(
-            backbone,
-            TOKENS.reshape(-1, 1),
-            torch.ones(len(TOKENS), 1, dtype=torch.int64),
-            POSITIONS.reshape(-1, 1),
-        )
-    return hidden[:, 0, :], sum(v.value.numel() for v in backbone.variables)
+        hidden = text_forward(backbone, tokens, torch.ones_like(tokens), positions)
+    return hidden, sum(v.value.numel() for v in backbone.variables)
 
 
 def _loaded_stage(preset, rank, size, lora_weights=None):
@@ -79,7 +68,7 @@ def _run_stages(preset, size, lora_weights=None):
     for rank in range(size):
         stage, unused = _loaded_stage(preset, rank, size, lora_weights)
         with torch.inference_mode():
-            hidden = stage.packed_forward(TOKENS, POSITIONS, hidden)
+            hidden = stage.forward(TOKENS, torch.ones_like(TOKENS), POSITIONS, hidden)
         stages.append((stage, unused))
     return hidden, stages
 
@@ -88,6 +77,9 @@ def _run_stages(preset, size, lora_weights=None):
 def test_two_stages_are_the_whole_model(presets, family, multimodal):
     preset = presets(family, multimodal)
     expected, whole = _whole_forward(preset)
+    # The tokens attend to each other: alone, each gives another state.
+    alone, _ = _whole_forward(preset, TOKENS.reshape(-1, 1), POSITIONS.reshape(-1, 1))
+    assert not torch.allclose(alone[1:, 0], expected[0, 1:], atol=1e-3)
     hidden, stages = _run_stages(preset, 2)
     torch.testing.assert_close(hidden, expected, rtol=0, atol=0)
 

@@ -109,8 +109,11 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
 
     def _serving_step(self, stage):
         # The encoder too: layers that read their own weights (Gemma4's
-        # clippable linears) keep them.
+        # clippable linears) keep them. Under pipeline parallelism images
+        # are off (`check_image_settings`), and no stage loads the encoder.
         super()._serving_step(stage)
+        if stage.size > 1:
+            return
         with torch.inference_mode():
             self.embed_multimodal(**self._smallest_image())
 

@@ -24,11 +24,11 @@ def functional(cpu_linear):
     Returns:
         `matmul(rows)`, or `None` where the dispatch chose another kernel.
     """
-    handler = _handler(cpu_linear)
-    return None if handler is None else _FunctionalGemm(handler)
+    found = handler(cpu_linear)
+    return None if found is None else _FunctionalGemm(found)
 
 
-def _handler(cpu_linear):
+def handler(cpu_linear):
     """The oneDNN handler vLLM's dispatch bound into `cpu_linear`, if any."""
     from vllm._custom_ops import CPUDNNLGEMMHandler
 

@@ -41,7 +41,8 @@ def rank_report(worker):
 
     Returns:
         A dict: `rank`; `linears`, `(held, full, shards)` elements of each
-        vLLM parallel linear layer; `keras_kernels`, elements left in the
+        vLLM parallel linear layer (`held` read from the tensors it holds,
+        `held_elements`); `keras_kernels`, elements left in the
         Keras kernels those layers replaced; `heads`, `(query, kv)` heads
         of each vLLM `Attention`; `alibi_slopes` and `sinks` per layer;
         `experts`, each `FusedMoE`'s intermediate size on this rank;
@@ -51,11 +52,7 @@ def rank_report(worker):
 
     model = worker.model_runner.model
     linears = [
-        (
-            layer.input_size_per_partition * layer.output_size_per_partition,
-            layer.input_size * layer.output_size,
-            layer.tp_size,
-        )
+        (held_elements(layer), layer.input_size * layer.output_size, layer.tp_size)
         for layer in model.parallel_linears
     ]
     keras_kernels = sum(
@@ -79,6 +76,26 @@ def rank_report(worker):
     )
 
 
+def held_elements(layer):
+    """Elements of the weight a vLLM linear layer holds on this rank.
+
+    Its weight tensor; or, once vLLM's CPU GEMM has prepacked it and freed
+    the tensor, the matrix it handed oneDNN (the handler keeps its shape),
+    or the tensors the GEMM it chose keeps.
+    """
+    import torch
+
+    from vllm_keras_hub.layers import onednn
+
+    if layer.weight.numel():
+        return layer.weight.numel()
+    handler = onednn.handler(layer.cpu_linear)
+    if handler is not None:
+        return handler.k * handler.n
+    cells = (cell.cell_contents for cell in layer.cpu_linear.__closure__ or ())
+    return sum(value.numel() for value in cells if isinstance(value, torch.Tensor))
+
+
 def stage_report(worker):
     """What one pipeline stage's worker holds; run with `collective_rpc`.
 
@@ -89,7 +106,8 @@ def stage_report(worker):
         for other stages' transformer layers; `embedding` and `head`,
         whether it holds the input table and an output projection;
         `vocab_parallel_head`, whether that is vLLM's `ParallelLMHead`;
-        `tied`, whether the output projection is the input table.
+        `tied`, whether the output projection is the input table;
+        `model_class`, the vLLM model class's name.
     """
     from vllm.distributed import get_pp_group
     from vllm.distributed import get_tensor_model_parallel_rank
@@ -124,4 +142,5 @@ def stage_report(worker):
         head=model.lm_head is not None or output,
         vocab_parallel_head=model.lm_head is not None,
         tied=tied,
+        model_class=type(model).__name__,
     )
