@@ -93,15 +93,31 @@ def test_unsupported_parallelism_exits_before_the_engine_starts(
     assert ENGINE_STARTED not in result.stderr + result.stdout
 
 
-def test_image_settings_that_would_not_be_exact_exit_before_the_engine_starts(tmp_path):
-    from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
-
-    preset = build_tiny_vision_preset(str(tmp_path), "gemma4", bidirectional=True)
-    result = run_cli(
-        "serve", preset, "--scheduler-cls", "vllm.v1.core.sched.scheduler.Scheduler"
-    )
+@pytest.mark.parametrize(
+    "vision, flags, cause",
+    [
+        (
+            "bidirectional",
+            ("--scheduler-cls", "vllm.v1.core.sched.scheduler.Scheduler"),
+            "Serve with --scheduler-cls vllm_keras_hub.scheduler.ImageScheduler",
+        ),
+        (
+            "gemma3",
+            ("--pipeline-parallel-size", "2"),
+            "Images are not served with pipeline parallelism yet. Serve text only",
+        ),
+    ],
+)
+def test_image_settings_that_would_not_be_exact_exit_before_the_engine_starts(
+    vision, flags, cause, shared, bidirectional_export
+):
+    if vision == "bidirectional":
+        preset = bidirectional_export[0]
+    else:
+        preset = shared.vision_preset(vision)
+    result = run_cli("serve", preset, *flags)
     assert result.returncode == 2
-    assert "Serve with --scheduler-cls vllm_keras_hub.scheduler.ImageScheduler" in result.stderr
+    assert cause in result.stderr
     assert not result.engine_started
     assert ENGINE_STARTED not in result.stderr + result.stdout
 
@@ -152,12 +168,27 @@ def test_exported_folder_serves_with_plain_vllm(tmp_path):
         assert again.choices[0].text == completion.choices[0].text
 
 
-def test_exported_vision_folder_serves_images_with_plain_vllm(tmp_path):
+@pytest.fixture(scope="module")
+def bidirectional_export(tmp_path_factory):
+    """A bidirectional Gemma4 vision preset, exported: `(preset, folder,
+    the printed plain-vLLM command)`."""
+    import shlex
+
+    from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
+
+    root = tmp_path_factory.mktemp("bidirectional")
+    preset = build_tiny_vision_preset(str(root / "preset"), "gemma4", bidirectional=True)
+    folder = str(root / "folder")
+    result = run_cli("export", f"keras_hub:{preset}", folder)
+    assert result.returncode == 0, result.stderr
+    (line,) = [x for x in result.stdout.splitlines() if "vllm.entrypoints.openai" in x]
+    return preset, folder, shlex.split(line)
+
+
+def test_exported_vision_folder_serves_images_with_plain_vllm(tmp_path, bidirectional_export):
     """`export` prints the flags a folder needs; with them, plain vLLM serves
     a Gemma4 preset's images, bidirectional within each image (which needs
     whole images in each step), as the oracle computes them."""
-    import shlex
-
     from vllm_keras_hub.testing.image_oracle import gemma4_full_forward_with_images
     from vllm_keras_hub.testing.images import IMAGES
     from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
@@ -169,12 +200,7 @@ def test_exported_vision_folder_serves_images_with_plain_vllm(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "--scheduler-cls" not in result.stdout
 
-    preset = build_tiny_vision_preset(str(tmp_path / "preset"), "gemma4", bidirectional=True)
-    folder = str(tmp_path / "folder")
-    result = run_cli("export", f"keras_hub:{preset}", folder)
-    assert result.returncode == 0, result.stderr
-    (line,) = [x for x in result.stdout.splitlines() if "vllm.entrypoints.openai" in x]
-    printed = shlex.split(line)
+    preset, folder, printed = bidirectional_export
     assert "--disable-chunked-mm-input" in printed
     assert "vllm_keras_hub.scheduler.ImageScheduler" in printed
 
@@ -202,3 +228,36 @@ def test_exported_vision_folder_serves_images_with_plain_vllm(tmp_path):
         )
     assert reply.prompt_token_ids == expected[0][0]
     assert reply.choices[0].token_ids == expected[0][1]
+
+
+@pytest.mark.parametrize(
+    "flags, cause",
+    [
+        ({}, "Serve with --disable-chunked-mm-input"),
+        (
+            dict(disable_chunked_mm_input=True),
+            "--scheduler-cls vllm_keras_hub.scheduler.ImageScheduler",
+        ),
+    ],
+    ids=["no-flags", "vllms-scheduler"],
+)
+def test_plain_vllm_without_the_printed_flags_is_refused(bidirectional_export, flags, cause):
+    """Plain vLLM on the exported folder, without what `export` printed:
+    the model class refuses it at start-up, naming the flag, rather than
+    serve images split over steps."""
+    import vllm
+
+    from vllm_keras_hub.image_config import UnsupportedImageServingError
+    from vllm_keras_hub.testing.engines import TEST_ENGINE_KWARGS
+    from vllm_keras_hub.testing.engines import in_process_engine_env
+
+    _, folder, _ = bidirectional_export
+    settings = {**TEST_ENGINE_KWARGS, "max_model_len": 1024, **flags}
+    with in_process_engine_env(), pytest.raises(UnsupportedImageServingError, match=cause):
+        vllm.LLM(
+            folder,
+            load_format="keras_hub",
+            limit_mm_per_prompt={"image": 1},
+            distributed_executor_backend="uni",
+            **settings,
+        )
