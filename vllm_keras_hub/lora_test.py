@@ -19,7 +19,7 @@ from vllm_keras_hub import KerasHubLLM
 from vllm_keras_hub import lora
 from vllm_keras_hub.cli_test import ENGINE_STARTED
 from vllm_keras_hub.cli_test import run_cli
-from vllm_keras_hub.model_test import CHUNKED
+from vllm_keras_hub.model_test import CHUNK
 from vllm_keras_hub.model_test import GREEDY
 from vllm_keras_hub.model_test import MAX_NEW_TOKENS
 from vllm_keras_hub.model_test import PROMPTS
@@ -32,6 +32,10 @@ from vllm_keras_hub.testing.server import assert_served_greedy
 from vllm_keras_hub.testing.server import free_port
 from vllm_keras_hub.testing.server import running_server
 from vllm_keras_hub.testing.server import serve_command
+
+CHUNKED = dict(
+    max_num_batched_tokens=CHUNK, max_num_seqs=len(PROMPTS), enable_chunked_prefill=True
+)
 
 
 @pytest.fixture(scope="module")

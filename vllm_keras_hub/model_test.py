@@ -2,8 +2,9 @@
 
 Every routed family, as a tiny random-weight preset saved with
 `save_to_preset` and served through `keras_hub:<folder>` by the real vLLM
-engine, scheduler, paged KV cache and CPU attention kernel, in eager mode and
-in vLLM's default compiled mode.
+engine, scheduler, paged KV cache and CPU attention kernel, in vLLM's
+default compiled mode, with chunked prefill and prefix caching: one engine
+per family proves its whole row of the support matrix.
 """
 
 import pytest
@@ -14,12 +15,9 @@ from vllm.platforms import current_platform
 from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
-from vllm_keras_hub.testing.oracle import keras_hub_greedy
-from vllm_keras_hub.testing.oracle import keras_hub_greedy_full_forward
 from vllm_keras_hub.testing.presets import MULTIMODAL
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import WINDOW
-from vllm_keras_hub.testing.presets import build_tiny_preset
 
 # Lengths from 1 to ~70 tokens: several prompts pass every test preset's
 # sliding window (WINDOW tokens), and with CHUNK tokens per step the long ones
@@ -38,20 +36,8 @@ MAX_NEW_TOKENS = 12
 CHUNK = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
 
-
-@pytest.fixture(scope="module")
-def presets(tmp_path_factory):
-    """Tiny presets, built once per family on first use."""
-    built = {}
-
-    def get(family):
-        if family not in built:
-            path = tmp_path_factory.mktemp(family)
-            built[family] = build_tiny_preset(family, str(path))
-        return built[family]
-
-    return get
-
+# Each test starts its own engine: spread them over the xdist workers.
+XDIST_SPREAD = True
 
 # KerasHub bug: `GPTNeoXAttention`'s cached decode (what `generate()` runs)
 # rotates each decoded query at position 0, so the tokens it decodes are not
@@ -63,20 +49,11 @@ def presets(tmp_path_factory):
 FULL_FORWARD_ORACLE = ("gpt_neox", "qwen3_5", "qwen3_5_moe")
 
 
-@pytest.fixture(scope="module")
-def references(presets):
-    """The oracle's prompt and generated ids per family, computed once."""
-    computed = {}
-
-    def get(family):
-        if family not in computed:
-            oracle = keras_hub_greedy
-            if family in FULL_FORWARD_ORACLE:
-                oracle = keras_hub_greedy_full_forward
-            computed[family] = oracle(presets(family), PROMPTS, MAX_NEW_TOKENS)
-        return computed[family]
-
-    return get
+def expected_tokens(shared, family, multimodal=False):
+    """The oracle's prompt and generated ids for `family`'s tiny preset."""
+    preset = shared.preset(family, multimodal=multimodal)
+    full_forward = family in FULL_FORWARD_ORACLE
+    return shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS, full_forward=full_forward)
 
 
 def assert_same_tokens(outputs, expected, family, column, row=None):
@@ -131,46 +108,42 @@ def assert_experts_on_vllm(family, model):
             assert variable.value.numel() == 0, (block.name, variable.path)
 
 
+# One engine proves every column of a family's row, in the mode users run:
+# vLLM's default compiled mode, prefix caching on (blocks of 32 tokens, the
+# smallest vLLM's CPU attention takes, so the longer test prompts fill
+# some), and 16 tokens a step, so long prompts prefill in chunks while short
+# ones already decode.
+ENGINE = dict(
+    enforce_eager=False,
+    max_num_batched_tokens=CHUNK,
+    max_num_seqs=len(PROMPTS),
+    enable_chunked_prefill=True,
+    enable_prefix_caching=True,
+)
+BLOCK = 32
+# Their state pages set their own block size (`hybrid_test.py` hits the
+# prefix cache with a prompt longer than one).
+HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe")
+
+
 @pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
-def test_greedy_parity_batched(family, presets, references):
-    """All prompts in one batch, each prefilled whole in the first step."""
-    expected = references(family)
+def test_greedy_parity(family, shared):
+    """All prompts in one batch, compiled, chunked beside decodes, then
+    again from the prefix cache: every row the oracle's tokens.
+
+    torch.compile (Inductor) traces the forward once with a dynamic token
+    count; the one graph then runs steps of many sizes.
+    """
+    expected = expected_tokens(shared, family)
     assert max(len(ids) for ids, _ in expected) > WINDOW
+    assert sum(len(ids) for ids, _ in expected) > 2 * CHUNK
     # Two prompts ending in "." must continue differently, or the tokens would
     # not depend on attention and parity would prove little.
     assert expected[2][1] != expected[4][1], "the preset ignores its context"
-    with in_process_llm(f"keras_hub:{presets(family)}") as llm:
-        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-        model = served_model(llm)
-        record_features(family, model)
-        # Parity holds with the matmuls on vLLM's prepacked CPU GEMM (on the
-        # CPU) and the experts on vLLM's fused MoE.
-        assert model.cpu_gemm_layers > 0 or not current_platform.is_cpu()
-        assert_experts_on_vllm(family, model)
-    assert_same_tokens(outputs, expected, family, "batched")
-
-
-CHUNKED = dict(
-    max_num_batched_tokens=CHUNK, max_num_seqs=len(PROMPTS), enable_chunked_prefill=True
-)
-
-
-@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
-def test_greedy_parity_compiled(family, presets, references):
-    """vLLM's default mode, with chunked prefill: a small token budget.
-
-    The forward is compiled by torch.compile (Inductor), and long prompts
-    prefill in chunks beside decodes, so the one graph, traced with a
-    dynamic token count, runs steps of many different sizes. This one
-    engine proves both columns: an eager engine with the same budget ran
-    the same steps through the same layers, and was dropped to keep the
-    suite's time.
-    """
-    expected = references(family)
-    assert sum(len(ids) for ids, _ in expected) > 2 * CHUNK
+    block = {} if family in HYBRID_FAMILIES else dict(block_size=BLOCK)
     before = compilations()
     with in_process_llm(
-        f"keras_hub:{presets(family)}", enforce_eager=False, **CHUNKED
+        f"keras_hub:{shared.preset(family)}", **ENGINE, **block
     ) as llm:
         config = llm.llm_engine.vllm_config
         # vLLM's CPU platform turns its default VLLM_COMPILE into one Dynamo
@@ -178,16 +151,33 @@ def test_greedy_parity_compiled(family, presets, references):
         assert config.compilation_config.mode.name in ("VLLM_COMPILE", "DYNAMO_TRACE_ONCE")
         assert config.compilation_config.backend == "inductor"
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        again = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         model = served_model(llm)
+        record_features(family, model)
         # `compiled` stays False where vLLM loaded a saved compile instead.
         assert model.compiled or model.was_aot_compile_fn_loaded_from_disk
         assert not model.do_not_compile
+        # Parity holds with the matmuls on vLLM's prepacked CPU GEMM (on the
+        # CPU) and the experts on vLLM's fused MoE.
+        assert model.cpu_gemm_layers > 0 or not current_platform.is_cpu()
         assert_experts_on_vllm(family, model)
+        if family in KV_SHARING_FAMILIES:
+            assert_kv_sharing(llm, model, family)
     # vLLM compiled this engine's graph, or loaded the compile an earlier
     # start saved (`saved_compile`): no silent fallback to eager.
     assert compilations() > before
-    assert_same_tokens(outputs, expected, family, "chunked")
-    assert_same_tokens(outputs, expected, family, "compiled")
+    for column in ("batched", "chunked", "compiled"):
+        assert_same_tokens(outputs, expected, family, column)
+    if not block:
+        return
+    # Each prompt's full blocks but the last token's came from the cache, in
+    # the scheduler's blocks: the least common multiple of every KV cache
+    # group's block size (Gemma4's global and sliding layers page apart).
+    size = scheduler_block_size
+    cached = [output.num_cached_tokens for output in again]
+    assert cached == [(len(ids) - 1) // size * size for ids, _ in expected]
+    assert max(cached) > 0
+    assert_same_tokens(again, expected, family, "prefix_cache")
 
 
 def compilations():
@@ -200,53 +190,47 @@ def compilations():
     )
 
 
-def test_gpt_neox_generate_is_not_its_forward(presets, references):
+def test_gpt_neox_generate_is_not_its_forward(shared):
     """KerasHub's GPT-NeoX `generate()` disagrees with its own forward.
 
     Why GPT-NeoX's parity oracle is the full-sequence forward. If this starts
     failing, KerasHub fixed its cached decode: drop `FULL_FORWARD_ORACLE`.
     """
-    generated = keras_hub_greedy(presets("gpt_neox"), PROMPTS, MAX_NEW_TOKENS)
-    forward = references("gpt_neox")
+    preset = shared.preset("gpt_neox")
+    generated = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
+    forward = expected_tokens(shared, "gpt_neox")
     assert [ids for ids, _ in generated] == [ids for ids, _ in forward]
     # `generate()` prefills up to the shortest prompt; every later token, of
     # every prompt, comes from its cached decode.
     assert [tokens for _, tokens in generated] != [tokens for _, tokens in forward]
 
 
+KV_SHARING_FAMILIES = ("gemma3n", "gemma4")
 
-@pytest.mark.parametrize("family", ["gemma3n", "gemma4"])
-def test_kv_sharing_layers_attend_over_their_targets_cache(family, presets):
+
+def assert_kv_sharing(llm, model, family):
     """The last 2 of 4 layers get no cache of their own, only their target's.
 
-    That they attend correctly over it is the parity tests' job.
+    That they attend correctly over it is the parity's job.
     """
-    with in_process_llm(f"keras_hub:{presets(family)}") as llm:
-        model = served_model(llm)
-        runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker
-        runner = runner.worker.model_runner
-        specs = model.attention_specs
-        assert [spec.kv_sharing_target for spec in specs] == [None, None, 0, 1]
-        names = [attention.layer_name for attention in model.attention]
-        assert runner.shared_kv_cache_layers == {
-            names[2]: names[0],
-            names[3]: names[1],
-        }
-        # vLLM allocates caches for the first two only; each shared layer is
-        # in its target's KV-cache group (sliding window or full attention).
-        assert set(runner.get_kv_cache_spec()) == set(names[:2])
-        groups = [set(g.layer_names) for g in runner.kv_cache_config.kv_cache_groups]
-        assert sorted(groups, key=sorted) == [
-            {names[0], names[2]},
-            {names[1], names[3]},
-        ]
-        if family == "gemma4":
-            # Global layers (odd) with their own head size and one K=V head.
-            heads = [(spec.head_size, spec.num_kv_heads) for spec in specs]
-            assert heads == [(32, 2), (128, 1)] * 2
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker
+    runner = runner.worker.model_runner
+    specs = model.attention_specs
+    assert [spec.kv_sharing_target for spec in specs] == [None, None, 0, 1]
+    names = [attention.layer_name for attention in model.attention]
+    assert runner.shared_kv_cache_layers == {names[2]: names[0], names[3]: names[1]}
+    # vLLM allocates caches for the first two only; each shared layer is
+    # in its target's KV-cache group (sliding window or full attention).
+    assert set(runner.get_kv_cache_spec()) == set(names[:2])
+    groups = [set(g.layer_names) for g in runner.kv_cache_config.kv_cache_groups]
+    assert sorted(groups, key=sorted) == [{names[0], names[2]}, {names[1], names[3]}]
+    if family == "gemma4":
+        # Global layers (odd) with their own head size and one K=V head.
+        heads = [(spec.head_size, spec.num_kv_heads) for spec in specs]
+        assert heads == [(32, 2), (128, 1)] * 2
 
 
-def test_gemma4_task_logit_cap_reaches_the_logprobs(tmp_path):
+def test_gemma4_task_logit_cap_reaches_the_logprobs(shared, tmp_path):
     """`Gemma4CausalLM(final_logit_cap=...)` caps logits after the backbone.
 
     Greedy tokens cannot show it (tanh keeps the argmax); logprobs do.
@@ -259,11 +243,14 @@ def test_gemma4_task_logit_cap_reaches_the_logprobs(tmp_path):
 
     from vllm_keras_hub.sampling import causal_lm_class
 
-    preset = build_tiny_preset("gemma4", str(tmp_path))
-    with open(tmp_path / "task.json") as f:
+    import shutil
+
+    preset = str(tmp_path / "gemma4")
+    shutil.copytree(shared.preset("gemma4"), preset)
+    with open(tmp_path / "gemma4" / "task.json") as f:
         task = json.load(f)
     task["config"]["final_logit_cap"] = 2.0
-    with open(tmp_path / "task.json", "w") as f:
+    with open(tmp_path / "gemma4" / "task.json", "w") as f:
         json.dump(task, f)
     causal_lm = causal_lm_class(preset).from_preset(preset, preprocessor=None)
     assert causal_lm.final_logit_cap == 2.0
@@ -299,24 +286,27 @@ MEDIA_ENCODERS = {
 
 
 @pytest.mark.parametrize("family", sorted(MULTIMODAL))
-def test_multimodal_presets_serve_text_as_generate(family, tmp_path):
+def test_multimodal_presets_serve_text_as_generate(family, shared):
     """Presets with media encoders (Gemma3's `gemma3_4b` and up, all
     published Gemma3n, Gemma4 and Qwen3.5 ones).
 
     Their backbones' graphs demand image/audio inputs; serving runs their
     text path, and matches `generate()` (Qwen3.5: the full forward) on text
-    prompts. Their images: `vision*_test.py` (these test presets carry no
-    image converter, or, Gemma4, no image tokens, so they serve text).
+    prompts, batched and chunked beside decodes (eager: the compiled text
+    path is the family's own row's). Their images: `vision*_test.py` (these
+    test presets carry no image converter, or, Gemma4, no image tokens, so
+    they serve text).
     """
-    preset = build_tiny_preset(family, str(tmp_path), multimodal=True)
-    oracle = keras_hub_greedy
-    if family in FULL_FORWARD_ORACLE:
-        oracle = keras_hub_greedy_full_forward
-    expected = oracle(preset, PROMPTS, MAX_NEW_TOKENS)
-    with in_process_llm(f"keras_hub:{preset}") as llm:
+    expected = expected_tokens(shared, family, multimodal=True)
+    chunked = {k: v for k, v in ENGINE.items() if k != "enforce_eager"}
+    with in_process_llm(
+        f"keras_hub:{shared.preset(family, multimodal=True)}", **chunked
+    ) as llm:
         backbone = served_model(llm).backbone
         encoder = MEDIA_ENCODERS[family]
         assert getattr(backbone, encoder, None) is not None, encoder
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     media = encoder.removesuffix("_encoder")
-    assert_same_tokens(outputs, expected, family, "batched", row=f"{family} + {media} encoder")
+    row = f"{family} + {media} encoder"
+    for column in ("batched", "chunked"):
+        assert_same_tokens(outputs, expected, family, column, row=row)

@@ -2,10 +2,11 @@
 
 Each tiny preset is exported by keras-hub's own Hugging Face exporter
 (`export_to_safetensors`) and served by vLLM's native implementation of that
-architecture; the preset itself is served by vllm-keras-hub. keras-hub 0.32
-exports no MoE family, so for those a random transformers model is loaded
-into a preset by keras-hub's own Hugging Face converter
-(`testing/hf_models.py`). Same prompt ids (the native engine gets token ids,
+architecture, which must give the tokens of the preset's own oracle (that
+vllm-keras-hub gives them too is `model_test.py`'s parity, on the same
+preset). keras-hub 0.32 exports no MoE family, so for those a random
+transformers model is loaded into a preset by keras-hub's own Hugging Face
+converter (`testing/hf_models.py`), and served by both. Same prompt ids (the native engine gets token ids,
 so only the model differs), greedy, with prompts longer than the presets'
 sliding windows; Qwen3.5, which vLLM runs in bfloat16 only on the CPU, by
 its prompt logprobs.
@@ -20,16 +21,17 @@ from keras_hub.src.utils.transformers.export.hf_exporter import export_to_safete
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
+from vllm_keras_hub.model_test import MAX_NEW_TOKENS
 from vllm_keras_hub.model_test import PROMPTS
 from vllm_keras_hub.sampling import causal_lm_class
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing import hf_models
-from vllm_keras_hub.testing.presets import build_tiny_preset
 from vllm_keras_hub.testing.tokenizers import make_tokenizer
 
-MAX_NEW_TOKENS = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
+# Each test starts its own engines: spread them over the xdist workers.
+XDIST_SPREAD = True
 
 # Tiny presets whose backbone keras-hub 0.32 exports to a Hugging Face
 # architecture vLLM implements natively, and that architecture. keras-hub's
@@ -67,21 +69,26 @@ def native_greedy(folder, architecture, prompt_ids):
 
 
 @pytest.mark.parametrize("family", sorted(EXPORTED_FAMILIES))
-def test_same_greedy_tokens_as_vllm_native(family, tmp_path):
-    preset = build_tiny_preset(family, str(tmp_path / "preset"))
+def test_same_greedy_tokens_as_vllm_native(family, shared, tmp_path):
+    """vLLM's native model on the exported weights gives the oracle's
+    tokens, the ones `model_test.py` shows ours gives for the same preset."""
+    from vllm_keras_hub.preset_folder import write_model_folder
+
+    preset = shared.preset(family)
+    expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
     folder = str(tmp_path / "hf")
     # Not `CausalLM.from_preset`: for Gemma4 it may build the drafter (see
     # `causal_lm_class`).
     export_to_safetensors(causal_lm_class(preset).from_preset(preset), folder)
-    with in_process_llm(f"keras_hub:{preset}") as llm:
-        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-        # The native engine gets token ids; it only has to load a tokenizer.
-        # Ours (`tokenizer.json`) loads without sentencepiece.
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(os.path.join(llm.model_folder.path, name), folder)
-    prompt_ids = [output.prompt_token_ids for output in outputs]
-    served = [list(output.outputs[0].token_ids) for output in outputs]
-    assert native_greedy(folder, EXPORTED_FAMILIES[family], prompt_ids) == served
+    # The native engine gets token ids; it only has to load a tokenizer.
+    # Ours (`tokenizer.json`) loads without sentencepiece.
+    ours = str(tmp_path / "ours")
+    write_model_folder(preset, ours)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(ours, name), folder)
+    prompt_ids = [ids for ids, _ in expected]
+    native = native_greedy(folder, EXPORTED_FAMILIES[family], prompt_ids)
+    assert native == [tokens for _, tokens in expected]
 
 
 # MoE families vLLM implements natively, with weights from transformers.

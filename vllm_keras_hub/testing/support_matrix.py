@@ -13,8 +13,8 @@ from vllm_keras_hub.config import PIPELINE_REFUSALS
 
 RESULTS = {}
 COLUMNS = (
-    "batched", "chunked", "compiled", "tp2", "pp2", "window", "soft_cap", "sinks", "moe",
-    "images",
+    "batched", "chunked", "prefix_cache", "compiled", "tp2", "pp2", "window", "soft_cap",
+    "sinks", "moe", "images",
 )
 
 
@@ -35,10 +35,11 @@ def render():
     """The matrix as Markdown: tested presets, then families without a route."""
     lines = [
         "| family | test preset | route | greedy parity, batched | greedy parity, "
-        "chunked prefill | greedy parity, compiled | greedy parity, 2 ranks "
-        "(tensor parallel) | greedy parity, 2 stages (pipeline parallel) | "
-        "sliding window | soft cap | sinks | MoE | images, greedy parity | chat format |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "chunked prefill | greedy parity, prefix-cache hit | greedy parity, compiled | "
+        "greedy parity, 2 ranks (tensor parallel) | greedy parity, 2 stages (pipeline "
+        "parallel) | sliding window | soft cap | sinks | MoE | images, greedy parity | "
+        "chat format |",
+        "| --- " * 15 + "|",
     ]
     tested = set()
     for name, result in sorted(RESULTS.items()):
@@ -57,10 +58,11 @@ def render():
         if family.route is None:
             lines.append(
                 f"| {family.display_name} | | refused: {family.unsupported_reason} "
-                "| | | | | | | | | | | |"
+                + "| " * 12 + "|"
             )
         elif family.name not in tested:
             lines.append(
-                f"| {family.display_name} | | not tested in this run | | | | | | | | | | | |"
+                f"| {family.display_name} | | not tested in this run "
+                + "| " * 12 + "|"
             )
     return "\n".join(lines) + "\n"
