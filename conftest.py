@@ -46,7 +46,7 @@ def default_server():
     (compiled), with an API key: `(base_url, process)`.
 
     One server for `server_test.py` and `reliability_test.py`, which share
-    an xdist work unit (`XDIST_GROUP`), so the compile is paid once.
+    an xdist work unit (`GROUPS`), so the compile is paid once.
     """
     from vllm_keras_hub.smollm2 import DEFAULT_MODEL_NAME
     from vllm_keras_hub.testing.server import DEFAULT_SERVER_API_KEY as api_key
@@ -65,31 +65,51 @@ def default_server():
         yield base_url, process
 
 
-def _work_unit(item):
-    """The xdist work unit of `item`: tests of one unit run on one worker.
+# xdist work units: the tests of one unit run on one worker, in order. A
+# module is one unit, so its module-scoped engines start once, except:
+# modules whose every test starts its own engine, each test a unit...
+SPREAD_MODULES = (
+    "vllm_keras_hub/model_test.py",
+    "vllm_keras_hub/native_families_test.py",
+    "vllm_keras_hub/parallel_test.py",
+)
+# ... and modules that share one unit, for a session-scoped server.
+GROUPS = {
+    "vllm_keras_hub/server_test.py": "default_server",
+    "vllm_keras_hub/reliability_test.py": "default_server",
+}
 
-    A module's tests stay together (its module-scoped engines start once),
-    unless it sets `XDIST_SPREAD = True` (each test on its own) or names a
-    group with `XDIST_GROUP` (modules sharing one engine or server).
+
+def work_unit(nodeid):
+    """The xdist work unit of the test `nodeid`."""
+    module = nodeid.split("::")[0]
+    if module in SPREAD_MODULES:
+        return nodeid
+    return GROUPS.get(module, module)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling over `work_unit`s.
+
+    Not `--dist loadgroup`: pytest-xdist 3.8 marks a group by appending to
+    `item._nodeid`, which pytest 9 no longer reads, so every test became
+    its own unit and module-scoped engines started on both workers.
     """
-    module = item.module
-    if getattr(module, "XDIST_SPREAD", False):
-        return None
-    return getattr(module, "XDIST_GROUP", None) or item.nodeid.split("::")[0]
+    from xdist.scheduler import LoadScopeScheduling
 
+    class WorkUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return work_unit(nodeid)
 
-def _nodeid(nodeid):
-    """A test's id without the `@group` suffix xdist's loadgroup adds."""
-    return nodeid.rsplit("@", 1)[0] if "@" in nodeid.rsplit("]", 1)[-1] else nodeid
+    return WorkUnits(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Groups the tests into xdist work units, longest first.
-
-    Before xdist's own hook turns `xdist_group` marks into units. Ordered
-    by the durations the last runs wrote, so the two workers finish close
-    together; tests within a unit keep their order.
+    """Orders the work units longest first, by the durations the last runs
+    wrote, so the two workers finish close together; tests within a unit
+    keep their order. xdist (`--no-loadscope-reorder`) hands the units out
+    in this order.
     """
     try:
         with open(DURATIONS) as f:
@@ -98,10 +118,7 @@ def pytest_collection_modifyitems(config, items):
         durations = {}
     keys, units = [], {}
     for index, item in enumerate(items):
-        unit = _work_unit(item)
-        if unit is not None:
-            item.add_marker(pytest.mark.xdist_group(unit))
-        key = unit or item.nodeid
+        key = work_unit(item.nodeid)
         first, total = units.get(key, (index, 0.0))
         units[key] = (first, total + durations.get(item.nodeid, _UNTIMED_S))
         keys.append(key)
@@ -119,8 +136,7 @@ def pytest_sessionstart(session):
 
 def pytest_runtest_logreport(report):
     """Adds up each test's setup, call and teardown (on the controller too)."""
-    nodeid = _nodeid(report.nodeid)
-    _TIMES[nodeid] = _TIMES.get(nodeid, 0.0) + report.duration
+    _TIMES[report.nodeid] = _TIMES.get(report.nodeid, 0.0) + report.duration
 
 
 def _write_json(path, value):

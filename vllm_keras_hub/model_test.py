@@ -36,9 +36,6 @@ MAX_NEW_TOKENS = 12
 CHUNK = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
 
-# Each test starts its own engine: spread them over the xdist workers.
-XDIST_SPREAD = True
-
 # KerasHub bug: `GPTNeoXAttention`'s cached decode (what `generate()` runs)
 # rotates each decoded query at position 0, so the tokens it decodes are not
 # the model's. Serving rotates at the true positions; its oracle is the

@@ -30,9 +30,6 @@ from vllm_keras_hub.testing import hf_models
 from vllm_keras_hub.testing.tokenizers import make_tokenizer
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
-# Each test starts its own engines: spread them over the xdist workers.
-XDIST_SPREAD = True
-
 # Tiny presets whose backbone keras-hub 0.32 exports to a Hugging Face
 # architecture vLLM implements natively, and that architecture. keras-hub's
 # exporter writes no `architectures` into the Gemma and GPT-2 `config.json`

@@ -34,9 +34,6 @@ from vllm_keras_hub.testing.server import running_server
 from vllm_keras_hub.testing.server import serve_command
 from vllm_keras_hub.testing.user_env import user_env
 
-# Each test starts its own engine: spread them over the xdist workers.
-XDIST_SPREAD = True
-
 # One core per rank: vLLM's automatic binding wants a NUMA node per rank.
 BIND = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 

@@ -38,8 +38,6 @@ SOAK_S = float(os.environ.get("VLLM_KERAS_HUB_SOAK_S", "90"))
 REPORT = {}
 
 
-# The default-model server is shared with server_test.py.
-XDIST_GROUP = "default_server"
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,6 @@ from vllm_keras_hub.smollm2 import DEFAULT_MODEL_NAME
 from vllm_keras_hub.testing.server import DEFAULT_SERVER_API_KEY
 
 MAX_MODEL_LEN = 512
-# The default-model server is shared with reliability_test.py.
-XDIST_GROUP = "default_server"
-
 
 API_KEY = DEFAULT_SERVER_API_KEY
 
