@@ -107,13 +107,13 @@ def serve(model, vllm_argv):
     cli_env_setup()
     parser, command = _serve_parser()
     args = parser.parse_args(["serve", "placeholder", *vllm_argv])
+    given = {arg.split("=", 1)[0] for arg in vllm_argv}
+    # Reads the preset: a bad MODEL is named before any adapter of it is read.
+    folder = ModelFolder(preset, max_model_len=args.max_model_len)
     if own_args.lora_weights is not None:
         args.model_loader_extra_config = adapter_loader_config(
             own_args.lora_weights, args.model_loader_extra_config
         )
-    given = {arg.split("=", 1)[0] for arg in vllm_argv}
-    # Reads the preset: a bad MODEL is named before any adapter of it is read.
-    folder = ModelFolder(preset, max_model_len=args.max_model_len)
     try:
         _convert_lora_modules(preset, args)
         check_parallelism(

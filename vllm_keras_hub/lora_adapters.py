@@ -214,8 +214,12 @@ def _cache_root():
 
 
 def converter_sources():
-    """The files whose code converts an adapter (it reads with `lora.py`)."""
-    return [__file__, lora.__file__]
+    """The files whose code converts an adapter: this one, `lora.py` (which
+    reads it), and the layers that set the A/B layout and module names."""
+    from vllm_keras_hub.layers import linear
+    from vllm_keras_hub.layers import lora_linear
+
+    return [__file__, lora.__file__, linear.__file__, lora_linear.__file__]
 
 
 def _converter_digest():
