@@ -1,3 +1,4 @@
+import fnmatch
 import json
 import os
 import time
@@ -80,6 +81,51 @@ GROUPS = {
 }
 
 
+# The extended tier: proofs `scripts/test` leaves out of the default run
+# (and CI), which must stay within 45 minutes cold on 2 cores. Each is a
+# further case of a proof the default run makes (another family, backend,
+# layout or restart) or a load test; `scripts/test -m extended` runs them,
+# `scripts/test -m ''` runs everything. Patterns are node ids, `*` any text.
+EXTENDED = (
+    # Load, faults and shutdown against a real server (10 min).
+    "vllm_keras_hub/reliability_test.py::*",
+    # Tensor parallelism beyond Llama3 (compiled), Gemma2 (soft caps, window),
+    # Bloom (ALiBi) and GPT-OSS (sinks, MoE); pipeline beyond Llama3 and
+    # Gemma3's vision preset; 2 stages of 2 ranks.
+    *(
+        f"vllm_keras_hub/parallel_test.py::test_tensor_parallel_greedy_parity[{f}]"
+        for f in ("gemma", "qwen3_moe", "mistral", "qwen3", "phi3", "falcon", "mixtral", "qwen_moe")
+    ),
+    *(
+        f"vllm_keras_hub/parallel_test.py::test_pipeline_parallel_greedy_parity[{f}-False]"
+        for f in ("qwen", "gemma2", "bloom", "gpt_oss", "qwen3_moe")
+    ),
+    "vllm_keras_hub/parallel_test.py::test_tensor_and_pipeline_parallel_together",
+    # vLLM native cross-checks beyond the dense families.
+    "vllm_keras_hub/native_families_test.py::test_moe_families_*",
+    "vllm_keras_hub/native_families_test.py::test_qwen3_5_*",
+    "vllm_keras_hub/features_test.py::test_data_parallel_matches_one_engine",
+    "vllm_keras_hub/features_test.py::test_ngram_speculative_decoding",
+    "vllm_keras_hub/smollm2_test.py::test_hf_export_matches_keras_hub",
+    "vllm_keras_hub/compile/saved_compile_test.py::*",
+    # Images through a server and plain vLLM beyond Gemma3's.
+    "vllm_keras_hub/vision_server_test.py::*[gemma3n]",
+    "vllm_keras_hub/vision_server_test.py::*[gemma4]",
+    "vllm_keras_hub/cli_test.py::test_exported_vision_folder_serves_images_with_plain_vllm",
+    "vllm_keras_hub/model_test.py::test_multimodal_presets_serve_text_as_generate[qwen3_5]",
+    "vllm_keras_hub/plugin_test.py::test_plain_vllm_serves_a_hugging_face_model[jax]",
+    "vllm_keras_hub/preemption_test.py::*[gemma4]",
+    "vllm_keras_hub/lora_test.py::test_serve_merges_the_adapter_and_answers_the_openai_client",
+)
+
+
+def extended(nodeid):
+    """Whether the test `nodeid` is in the extended tier."""
+    return any(
+        fnmatch.fnmatchcase(nodeid, pattern.replace("[", "[[]")) for pattern in EXTENDED
+    )
+
+
 def work_unit(nodeid):
     """The xdist work unit of the test `nodeid`."""
     module = nodeid.split("::")[0]
@@ -106,7 +152,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Orders the work units longest first, by the durations the last runs
+    """Marks the extended tier, and orders the work units longest first, by the durations the last runs
     wrote, so the two workers finish close together; tests within a unit
     keep their order. xdist (`--no-loadscope-reorder`) hands the units out
     in this order.
@@ -118,6 +164,8 @@ def pytest_collection_modifyitems(config, items):
         durations = {}
     keys, units = [], {}
     for index, item in enumerate(items):
+        if extended(item.nodeid):
+            item.add_marker(pytest.mark.extended)
         key = work_unit(item.nodeid)
         first, total = units.get(key, (index, 0.0))
         units[key] = (first, total + durations.get(item.nodeid, _UNTIMED_S))
