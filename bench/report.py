@@ -110,7 +110,8 @@ TARGETS["smollm2"] = [
     ("startup_s", "native", "startup_s", 1.2, False),
     # Both restarts with vLLM's saved-compile loader fixed (bench/README.md).
     ("startup_s", "native", "startup_load_fixed_s", 1.2, False),
-    ("startup_cold_s", "native", "startup_cold_s", 1.2, False),
+    # Issue #29: a first compile at most 1.1x native's.
+    ("startup_cold_s", "native", "startup_cold_s", 1.1, False),
     ("peak_rss_mb", "native", "peak_rss_mb", 1.1, False),
     ("tput_32", "keras_generate", "tput_32", 8.0, True),
 ]
