@@ -152,10 +152,10 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Marks the extended tier, and orders the work units longest first, by the durations the last runs
-    wrote, so the two workers finish close together; tests within a unit
-    keep their order. xdist (`--no-loadscope-reorder`) hands the units out
-    in this order.
+    """Marks the extended tier, and orders the work units longest first by
+    the durations the last runs wrote, so the two workers finish close
+    together; tests within a unit keep their order. xdist
+    (`--no-loadscope-reorder`) hands the units out in this order.
     """
     try:
         with open(DURATIONS) as f:
