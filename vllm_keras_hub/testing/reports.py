@@ -1,7 +1,7 @@
 """Where a test run writes what it measured.
 
 Into `build/test-reports/` (not committed), so a partial run never
-overwrites the committed `reports/` or the README's matrix;
+overwrites the committed `reports/` or docs/supported-families.md's matrix;
 `scripts/update-reports` copies a run's outputs there on purpose.
 """
 

@@ -4,7 +4,7 @@
 features its served model used (`parallel_test.py` the parallel columns,
 `vision*_test.py` the images column); `conftest.py` writes the table to
 `build/test-reports/support_matrix.md` when the session ends, and
-`scripts/update-reports` copies it into the README.
+`scripts/update-reports` copies it into docs/supported-families.md.
 """
 
 from vllm_keras_hub import chat_templates
