@@ -70,14 +70,14 @@ def default_server():
 # module is one unit, so its module-scoped engines start once, except:
 # modules whose every test starts its own engine, each test a unit...
 SPREAD_MODULES = (
-    "vllm_keras_hub/model_test.py",
-    "vllm_keras_hub/native_families_test.py",
-    "vllm_keras_hub/parallel_test.py",
+    "tests/model_test.py",
+    "tests/native_families_test.py",
+    "tests/parallel_test.py",
 )
 # ... and modules that share one unit, for a session-scoped server.
 GROUPS = {
-    "vllm_keras_hub/server_test.py": "default_server",
-    "vllm_keras_hub/reliability_test.py": "default_server",
+    "tests/server_test.py": "default_server",
+    "tests/reliability_test.py": "default_server",
 }
 
 
@@ -88,34 +88,34 @@ GROUPS = {
 # `scripts/test -m ''` runs everything. Patterns are node ids, `*` any text.
 EXTENDED = (
     # Load, faults and shutdown against a real server (10 min).
-    "vllm_keras_hub/reliability_test.py::*",
+    "tests/reliability_test.py::*",
     # Tensor parallelism beyond Llama3 (compiled), Gemma2 (soft caps, window),
     # Bloom (ALiBi) and GPT-OSS (sinks, MoE); pipeline beyond Llama3 and
     # Gemma3's vision preset; 2 stages of 2 ranks.
     *(
-        f"vllm_keras_hub/parallel_test.py::test_tensor_parallel_greedy_parity[{f}]"
+        f"tests/parallel_test.py::test_tensor_parallel_greedy_parity[{f}]"
         for f in ("gemma", "qwen3_moe", "mistral", "qwen3", "phi3", "falcon", "mixtral", "qwen_moe")
     ),
     *(
-        f"vllm_keras_hub/parallel_test.py::test_pipeline_parallel_greedy_parity[{f}-False]"
+        f"tests/parallel_test.py::test_pipeline_parallel_greedy_parity[{f}-False]"
         for f in ("qwen", "gemma2", "bloom", "gpt_oss", "qwen3_moe")
     ),
-    "vllm_keras_hub/parallel_test.py::test_tensor_and_pipeline_parallel_together",
+    "tests/parallel_test.py::test_tensor_and_pipeline_parallel_together",
     # vLLM native cross-checks beyond the dense families.
-    "vllm_keras_hub/native_families_test.py::test_moe_families_*",
-    "vllm_keras_hub/native_families_test.py::test_qwen3_5_*",
-    "vllm_keras_hub/features_test.py::test_data_parallel_matches_one_engine",
-    "vllm_keras_hub/features_test.py::test_ngram_speculative_decoding",
+    "tests/native_families_test.py::test_moe_families_*",
+    "tests/native_families_test.py::test_qwen3_5_*",
+    "tests/features_test.py::test_data_parallel_matches_one_engine",
+    "tests/features_test.py::test_ngram_speculative_decoding",
     "vllm_keras_hub/smollm2_test.py::test_hf_export_matches_keras_hub",
-    "vllm_keras_hub/compile/saved_compile_test.py::*",
+    "vllm_keras_hub/vllm_fixes/saved_compile_test.py::*",
     # Images through a server and plain vLLM beyond Gemma3's.
-    "vllm_keras_hub/vision_server_test.py::*[gemma3n]",
-    "vllm_keras_hub/vision_server_test.py::*[gemma4]",
-    "vllm_keras_hub/cli_test.py::test_exported_vision_folder_serves_images_with_plain_vllm",
-    "vllm_keras_hub/model_test.py::test_multimodal_presets_serve_text_as_generate[qwen3_5]",
-    "vllm_keras_hub/plugin_test.py::test_plain_vllm_serves_a_hugging_face_model[jax]",
-    "vllm_keras_hub/preemption_test.py::*[gemma4]",
-    "vllm_keras_hub/lora_test.py::test_serve_merges_the_adapter_and_answers_the_openai_client",
+    "tests/vision_server_test.py::*[gemma3n]",
+    "tests/vision_server_test.py::*[gemma4]",
+    "vllm_keras_hub/entrypoints/cli_test.py::test_exported_vision_folder_serves_images_with_plain_vllm",
+    "tests/model_test.py::test_multimodal_presets_serve_text_as_generate[qwen3_5]",
+    "tests/plugin_test.py::test_plain_vllm_serves_a_hugging_face_model[jax]",
+    "tests/preemption_test.py::*[gemma4]",
+    "vllm_keras_hub/lora/merged_test.py::test_serve_merges_the_adapter_and_answers_the_openai_client",
 )
 
 

@@ -8,7 +8,7 @@ Face export for vLLM's native Llama. Four KerasHub adapters (KerasHub's
 default query/value targets, rank 8, random B) are written with
 `save_lora_weights`. vllm-keras-hub serves the `.lora.h5` files; native
 serves the same A and B as PEFT folders of `q_proj`/`v_proj`, made from the
-same standard-form tensors (`lora_adapters.py`). Each system runs in its own
+same standard-form tensors (`lora/adapters.py`). Each system runs in its own
 subprocess, one after another, in float32 with one thread, and generates the
 same 16 prompts (16 tokens each) with 0 (base requests on a LoRA engine), 1 and 4 adapters
 active, and on an engine without LoRA (default mode: compiled). vLLM turns
@@ -38,8 +38,8 @@ def make_adapters(preset, root):
     import numpy as np
     from safetensors.torch import save_file
 
-    from vllm_keras_hub import lora
-    from vllm_keras_hub import lora_adapters
+    from vllm_keras_hub.lora import merged as lora
+    from vllm_keras_hub.lora import adapters as lora_adapters
 
     backbone = keras_hub.models.Backbone.from_preset(preset)
     # The layer layout, as the served conversion sees it (no LoRA enabled).

@@ -261,7 +261,7 @@ hf = hf_models.save_hf_model(family, root + "/hf", vocabulary_size, **config)
 preset = hf_models.keras_hub_preset(family, hf, root + "/preset", tokenizer)
 difference = hf_models.max_logit_difference(hf, preset, list(range(4, 68)))
 # vLLM native loads a tokenizer from the folder; prompts are token ids.
-from vllm_keras_hub.preset_folder import write_model_folder
+from vllm_keras_hub.export.preset_folder import write_model_folder
 write_model_folder(preset, root + "/exported")
 for name in ("tokenizer.json", "tokenizer_config.json"):
     shutil.copy(root + "/exported/" + name, hf)

@@ -42,7 +42,7 @@ def run_serve(system, dtype, size, hf_folder, preset):
         "--seed", str(SEED),
     ]
     if system == "keras_hub":
-        command = [sys.executable, "-m", "vllm_keras_hub.cli", "serve",
+        command = [sys.executable, "-m", "vllm_keras_hub.entrypoints.cli", "serve",
                    f"keras_hub:{preset}", *common]
     else:
         command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",

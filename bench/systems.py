@@ -182,7 +182,7 @@ class KerasGenerateSystem:
     def __init__(self, dtype, preset, text):
         import keras_hub
 
-        from vllm_keras_hub.sampling import causal_lm_class
+        from vllm_keras_hub.export.sampling import causal_lm_class
 
         self.text = text
         self.model = causal_lm_class(preset).from_preset(

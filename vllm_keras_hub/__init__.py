@@ -17,7 +17,7 @@ def __getattr__(name):
     # Lazy, so `import vllm_keras_hub.plugin` in every vLLM process does not
     # import vllm.LLM and its entrypoint machinery.
     if name == "KerasHubLLM":
-        from vllm_keras_hub.llm import KerasHubLLM
+        from vllm_keras_hub.entrypoints.llm import KerasHubLLM
 
         return KerasHubLLM
     raise AttributeError(name)

@@ -7,8 +7,8 @@ model class is registered by name and imported only when a KerasHub model is
 built (see `backend.py` for why that matters).
 """
 
-ARCHITECTURE_CLASS = "vllm_keras_hub.model:KerasHubForCausalLM"
-HYBRID_ARCHITECTURE_CLASS = "vllm_keras_hub.hybrid:KerasHubHybridForCausalLM"
+ARCHITECTURE_CLASS = "vllm_keras_hub.models.causal:KerasHubForCausalLM"
+HYBRID_ARCHITECTURE_CLASS = "vllm_keras_hub.models.hybrid:KerasHubHybridForCausalLM"
 
 
 def register():
@@ -21,8 +21,8 @@ def register():
     from vllm.tokenizers.registry import TokenizerRegistry
 
     from vllm_keras_hub import backend
-    from vllm_keras_hub import config
-    from vllm_keras_hub import loader  # noqa: F401 - registers the format.
+    from vllm_keras_hub.export import hf_config as config
+    from vllm_keras_hub.loading import load_format as loader  # noqa: F401 - registers the format.
 
     # keras-hub's own entry point may have failed to import Keras just before.
     backend.forget_failed_keras_import()
@@ -37,7 +37,7 @@ def register():
     for architecture in config.VISION_ARCHITECTURES.values():
         if architecture not in supported:
             ModelRegistry.register_model(
-                architecture, f"vllm_keras_hub.vision:{architecture}"
+                architecture, f"vllm_keras_hub.models.vision:{architecture}"
             )
     # For tokenizers that cannot be exported exactly: keras-hub's own adapter.
     TokenizerRegistry.register(

@@ -2,7 +2,7 @@
 
 `bench/run.py` puts this folder on PYTHONPATH for one extra start of vLLM
 native, so Python runs it in each of that engine's processes. It applies to
-native models the no-op `vllm_keras_hub/compile/saved_compile.py` applies to ours
+native models the no-op `vllm_keras_hub/vllm_fixes/saved_compile.py` applies to ours
 (vLLM's CPU build calls `finalize_loading()` on a loaded compile that has
 none), so the run can also compare restarts with the bug fixed on both sides.
 """

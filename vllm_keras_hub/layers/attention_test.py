@@ -5,7 +5,7 @@ import pytest
 import torch
 from keras_hub.src.vllm.context import vllm_context_scope
 
-from vllm_keras_hub import families
+from vllm_keras_hub.models import families
 from vllm_keras_hub.layers import attention
 from vllm_keras_hub.layers import attention_routes
 from vllm_keras_hub.layers import state_routes

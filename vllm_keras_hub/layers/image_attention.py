@@ -11,7 +11,7 @@ then the image rows are attended again with a second call of the same
 kernel, non-causal, each image's rows over the request's cache up to the
 image's last token, within the layer's sliding window as KerasHub's mask
 has it. (Gemma4's mask, (causal and windowed) or within the image, is that
-band while an image fits in the window: `image_config.py` refuses others.)
+band while an image fits in the window: `export/image_format.py` refuses others.)
 vLLM must never split an image across steps (`disable_chunked_mm_input` and
 `scheduler.ImageScheduler`).
 

@@ -8,7 +8,7 @@ through the punica ops. Keras sublayers are not among those modules, so with
 EinsumDense layer) multiplies through a vLLM `ReplicatedLinear` holding its
 kernel, registered as `lora_layers.<i>`: `i` is the layer's position among
 the backbone's layers that have weights, the index KerasHub's `.lora.h5`
-files use (`lora_adapters.py` converts a file to vLLM's tensors under those
+files use (`lora/adapters.py` converts a file to vLLM's tensors under those
 names). The layer's bias, activation and output shape stay Keras's, and on
 the CPU the base matmul is vLLM's (prepacked where its CPU GEMM packs the
 dtype; unpacked `F.linear` in bfloat16 on an AVX2-only CPU).
@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from vllm_keras_hub import lora
+from vllm_keras_hub.lora import merged as lora
 from vllm_keras_hub.layers import linear
 
 MODULES = "lora_layers"

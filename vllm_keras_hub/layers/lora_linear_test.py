@@ -1,6 +1,6 @@
 """The vLLM 0.32 CPU punica bug that `keep_a_zero_slot` works around.
 
-The served proof is `lora_adapters_test.py`: base rows beside adapter rows
+The served proof is `lora/adapters_test.py`: base rows beside adapter rows
 in one batch give the base model's tokens (without the workaround, 5 of 6
 base rows changed). These tests pin the bug itself, on vLLM's own op.
 """

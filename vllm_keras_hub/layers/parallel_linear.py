@@ -24,7 +24,7 @@ a lookup needs no all-reduce.
 
 import math
 
-from vllm_keras_hub.config import UnsupportedParallelismError
+from vllm_keras_hub.export.hf_config import UnsupportedParallelismError
 from vllm_keras_hub.layers import linear
 from vllm_keras_hub.layers import moe_routes
 

@@ -4,7 +4,7 @@ import contextlib
 import gc
 import os
 
-from vllm_keras_hub.llm import KerasHubLLM
+from vllm_keras_hub.entrypoints.llm import KerasHubLLM
 
 
 

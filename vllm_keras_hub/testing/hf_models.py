@@ -183,7 +183,7 @@ def keras_hub_preset(family, hf_folder, preset_folder, tokenizer=None):
     backbone = keras_hub.models.Backbone.from_preset(hf_folder)
     if tokenizer is None:
         tokenizer = make_tokenizer(TINY_CONFIGS[family][1])
-    from vllm_keras_hub.sampling import causal_lm_class as causal_lm_class_of
+    from vllm_keras_hub.export.sampling import causal_lm_class as causal_lm_class_of
 
     causal_lm_class = causal_lm_class_of(hf_folder)
     preprocessor = causal_lm_class.preprocessor_cls(tokenizer=tokenizer)

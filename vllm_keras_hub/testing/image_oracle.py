@@ -16,7 +16,7 @@ import keras
 import keras_hub
 import numpy as np
 
-from vllm_keras_hub.sampling import causal_lm_class
+from vllm_keras_hub.export.sampling import causal_lm_class
 
 
 def _expansion(causal_lm, tokenizer, converter):

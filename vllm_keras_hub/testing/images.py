@@ -46,11 +46,11 @@ def assert_tokens(outputs, expected):
 
 def image_token_id(preset):
     """The id of the token an image's embeddings take the places of, from
-    the preset's image format (`image_config.py`)."""
+    the preset's image format (`export/image_format.py`)."""
     import keras_hub
 
-    from vllm_keras_hub.image_config import image_fields
-    from vllm_keras_hub.preset_folder import read_preset
+    from vllm_keras_hub.export.image_format import image_fields
+    from vllm_keras_hub.export.preset_folder import read_preset
 
     family, config, _ = read_preset(preset)
     tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)

@@ -20,7 +20,7 @@ def parallel_llm(model, tensor_parallel_size=1, pipeline_parallel_size=1, **kwar
         pipeline_parallel_size: Pipeline stages.
         **kwargs: `vllm.LLM` arguments over `TEST_ENGINE_KWARGS`.
     """
-    from vllm_keras_hub.llm import KerasHubLLM
+    from vllm_keras_hub.entrypoints.llm import KerasHubLLM
 
     with in_process_engine_env():
         llm = KerasHubLLM(

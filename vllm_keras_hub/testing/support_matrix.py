@@ -7,9 +7,9 @@ features its served model used (`parallel_test.py` the parallel columns,
 `scripts/update-reports` copies it into docs/supported-families.md.
 """
 
-from vllm_keras_hub import chat_templates
-from vllm_keras_hub import families
-from vllm_keras_hub.config import PIPELINE_REFUSALS
+from vllm_keras_hub.export import chat_templates
+from vllm_keras_hub.models import families
+from vllm_keras_hub.export.hf_config import PIPELINE_REFUSALS
 
 RESULTS = {}
 COLUMNS = (

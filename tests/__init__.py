@@ -1,0 +1,1 @@
+"""Tests that span the package: real engines, servers and installs."""

@@ -1,0 +1,151 @@
+"""Images served through vLLM's multimodal API: a Gemma4 preset, causal.
+
+Gemma4 presets without `use_vision_bidirectional_attention` (the published
+2B and 4B ones) attend causally over their images, so vLLM may split an
+image's tokens over prefill steps. Every image is `<|image>`, 280 soft
+tokens (its patches pooled, padded by its aspect ratio with zero
+embeddings, as KerasHub's converter and encoder make them) and `<image|>`.
+One eager engine with chunked prefill (128 tokens a step, so every image is
+split) and prefix caching serves every test; the oracle is the preset's own
+`generate()` (`image_oracle.keras_hub_greedy_with_images`). Bidirectional
+presets: `vision_gemma4_bidirectional_test.py`.
+"""
+
+import numpy as np
+import pytest
+import torch
+from vllm import SamplingParams
+
+from vllm_keras_hub.models.multimodal import to_pixels
+from vllm_keras_hub.testing import support_matrix
+from vllm_keras_hub.testing.engines import in_process_llm
+from vllm_keras_hub.testing.engines import served_model
+from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
+from vllm_keras_hub.testing.images import IMAGES
+from vllm_keras_hub.testing.images import assert_the_second_hits_the_prefix_cache_inside_the_image
+from vllm_keras_hub.testing.images import assert_tokens
+from vllm_keras_hub.testing.images import batch_prompts
+from vllm_keras_hub.testing.images import image_positions
+from vllm_keras_hub.testing.images import request
+from vllm_keras_hub.testing.images import same_image_twice
+from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
+
+MAX_NEW_TOKENS = 8
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
+STEP_TOKENS = 128
+PROMPTS = batch_prompts("<|image|>")
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory):
+    return build_tiny_vision_preset(str(tmp_path_factory.mktemp("gemma4_vision")), "gemma4")
+
+
+@pytest.fixture(scope="module")
+def llm(preset):
+    with in_process_llm(
+        f"keras_hub:{preset}",
+        max_model_len=1024,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=STEP_TOKENS,
+        enable_prefix_caching=True,
+        limit_mm_per_prompt={"image": 2},
+        block_size=32,
+    ) as llm:
+        yield llm
+
+
+def test_images_in_a_batch_match_generate(llm, preset):
+    """Three aspect ratios in one batch: the encoder pools each image by its
+    own grid, as `generate()` does for each prompt alone."""
+    row = "gemma4 + vision encoder"
+    support_matrix.record(row, "Gemma4Backbone", images="FAIL")
+    expected = keras_hub_greedy_with_images(preset, PROMPTS, MAX_NEW_TOKENS)
+    outputs = llm.generate([request(*p) for p in PROMPTS], GREEDY, use_tqdm=False)
+    assert_tokens(outputs, expected)
+    assert len({tuple(expected[i][1]) for i in (0, 3, 4)}) == 3
+    # 280 soft tokens per image, split over 128-token steps.
+    positions = image_positions(preset, expected[0][0])
+    assert len(positions) == 280 and positions[0] < STEP_TOKENS < positions[-1]
+    support_matrix.record(row, "Gemma4Backbone", images="pass")
+
+
+def test_the_same_image_again_is_served_from_the_prefix_cache(llm, preset):
+    prompts = same_image_twice("<|image|>")
+    expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
+    assert_the_second_hits_the_prefix_cache_inside_the_image(
+        llm, preset, prompts, expected, GREEDY
+    )
+
+
+def test_each_image_is_encoded_by_its_own_grid(llm, preset):
+    """KerasHub 0.32's `Gemma4VisionAveragePooling` takes the pooled grid's
+    width from the widest image of its batch: two images of different
+    aspect ratios encoded together fail (or, where the indices stay in
+    range, pool the narrower one wrongly), so its `generate()` fails on a
+    prompt with such images. The served model encodes each image alone
+    (`vision.py`), as `generate()` does a prompt's one image."""
+    narrow, wide = IMAGES[1], IMAGES[2]
+    encoder = served_model(llm).backbone.vision_encoder
+    pixels = to_pixels(preset, [narrow, wide])
+    alone = to_pixels(preset, [narrow])
+
+    def encode(fields):
+        with torch.inference_mode():
+            return encoder(
+                {
+                    "pixel_values": fields["pixel_values"][None],
+                    "pixel_position_ids": fields["pixel_position_ids"][None].int(),
+                }
+            )[0].numpy()
+
+    with pytest.raises(RuntimeError, match="Class values must be smaller"):
+        encode(pixels)
+    # As vLLM's runner calls it.
+    with torch.inference_mode():
+        embeddings = served_model(llm).embed_multimodal(**pixels)
+    # The served embeddings are pre-scaled by 1/sqrt(hidden).
+    scale = served_model(llm).backbone.hidden_dim ** 0.5
+    np.testing.assert_allclose(
+        embeddings[0].numpy() * scale, encode(alone)[0], rtol=1e-5, atol=1e-5
+    )
+
+
+def test_an_encoder_pooling_otherwise_than_the_converter_is_refused(preset, tmp_path):
+    """The converter reloads pooling by 3 (its saved config drops
+    `pooling_kernel_size`): an encoder pooling by 2 would misplace its
+    patches, so the model class refuses it when the engine loads it."""
+    import json
+    import shutil
+
+    from vllm_keras_hub.models.probe import RouteError
+
+    pooled_by_2 = str(tmp_path / "pooled_by_2")
+    shutil.copytree(preset, pooled_by_2)
+    with open(f"{pooled_by_2}/config.json") as f:
+        config = json.load(f)
+    encoder = config["config"]["vision_encoder"]["config"]
+    assert encoder["pool_size"] == 3
+    encoder["pool_size"] = 2
+    with open(f"{pooled_by_2}/config.json", "w") as f:
+        json.dump(config, f)
+    message = "pooled by 3, its vision encoder takes patches of 8 pooled by 2"
+    with pytest.raises(RouteError, match=message):
+        with in_process_llm(
+            f"keras_hub:{pooled_by_2}", max_model_len=1024, limit_mm_per_prompt={"image": 1}
+        ):
+            pass
+
+
+# Last: an engine of its own, started while the module's is still open.
+def test_text_only_serving_of_a_vision_preset(llm, preset):
+    """With no images allowed, vLLM hands the model token ids alone (no
+    `embed_input_ids`): they are its per-layer ids too."""
+    prompts = [("Hello there", []), ("The quick brown fox", [])]
+    expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
+    with in_process_llm(
+        f"keras_hub:{preset}", limit_mm_per_prompt={"image": 0}, block_size=32
+    ) as text_llm:
+        assert type(served_model(text_llm)).__name__ == "KerasHubGemma4VisionForCausalLM"
+        outputs = text_llm.generate([p for p, _ in prompts], GREEDY, use_tqdm=False)
+    assert_tokens(outputs, expected)

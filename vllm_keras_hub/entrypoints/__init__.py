@@ -1,0 +1,1 @@
+"""The ways in: `KerasHubLLM` and the `vllm-keras-hub` command."""

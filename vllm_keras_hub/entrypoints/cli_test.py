@@ -1,0 +1,263 @@
+"""`vllm-keras-hub` command: bad models fail fast; `export` serves with plain vLLM."""
+
+import subprocess
+import sys
+import tempfile
+import time
+import types
+
+import openai
+import pytest
+
+from vllm_keras_hub.models import families
+from vllm_keras_hub.testing.presets import build_tiny_preset
+from vllm_keras_hub.testing.server import console_script
+from vllm_keras_hub.testing.server import engine_cores
+from vllm_keras_hub.testing.server import free_port
+from vllm_keras_hub.testing.server import running_server
+from vllm_keras_hub.testing.user_env import user_env
+
+ENGINE_STARTED = "Starting to load model"
+
+
+def run_cli(*args, timeout_s=300):
+    """The installed `vllm-keras-hub` command, as a user's shell runs it.
+
+    Returns its `returncode`, `stdout` and `stderr`, and `engine_started`:
+    whether a vLLM engine-core process appeared while it ran (polled).
+    """
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(
+            [console_script(), *args], stdout=out, stderr=err, text=True, env=user_env()
+        )
+        engine_started = False
+        deadline = time.monotonic() + timeout_s
+        while process.poll() is None:
+            engine_started = engine_started or bool(engine_cores(process.pid))
+            if time.monotonic() > deadline:
+                process.kill()
+                raise TimeoutError(f"vllm-keras-hub {args} still running")
+            time.sleep(0.05)
+        out.seek(0)
+        err.seek(0)
+        return types.SimpleNamespace(
+            returncode=process.returncode,
+            stdout=out.read(),
+            stderr=err.read(),
+            engine_started=engine_started,
+        )
+
+
+@pytest.mark.parametrize(
+    "model, cause",
+    [
+        ("keras_hub:/no/such/preset", "Cannot open KerasHub preset '/no/such/preset'"),
+        ("keras_hub:no_such_preset_name", "Unknown preset identifier"),
+        ("/no/such/folder", "neither 'keras_hub:<preset>' nor a local preset folder"),
+    ],
+)
+def test_bad_model_exits_before_the_engine_starts(model, cause):
+    result = run_cli("serve", model, "--port", str(free_port()))
+    assert result.returncode == 2
+    assert cause in result.stderr
+    assert not result.engine_started
+    assert ENGINE_STARTED not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    "family, flags, cause",
+    [
+        # GPT-2's fused attention projection is not mapped to vLLM's linears.
+        ("gpt2", ("--tensor-parallel-size", "2"), "GPT-2 cannot be served with tensor"),
+        # Gemma3n's layers pass a stack of hidden states, not one.
+        (
+            "gemma3n",
+            ("--pipeline-parallel-size", "2"),
+            "Gemma3n cannot be served with pipeline parallelism",
+        ),
+        (
+            "qwen3_moe",
+            ("--tensor-parallel-size", "2", "--enable-expert-parallel"),
+            "Expert parallelism (enable_expert_parallel) is not supported",
+        ),
+    ],
+)
+def test_unsupported_parallelism_exits_before_the_engine_starts(
+    family, flags, cause, tmp_path
+):
+    preset = build_tiny_preset(family, str(tmp_path))
+    result = run_cli("serve", preset, *flags)
+    assert result.returncode == 2
+    assert cause in result.stderr
+    assert not result.engine_started
+    assert ENGINE_STARTED not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    "vision, flags, cause",
+    [
+        (
+            "bidirectional",
+            ("--scheduler-cls", "vllm.v1.core.sched.scheduler.Scheduler"),
+            "Serve with --scheduler-cls vllm_keras_hub.scheduler.ImageScheduler",
+        ),
+        (
+            "gemma3",
+            ("--pipeline-parallel-size", "2"),
+            "Images are not served with pipeline parallelism yet. Serve text only",
+        ),
+    ],
+)
+def test_image_settings_that_would_not_be_exact_exit_before_the_engine_starts(
+    vision, flags, cause, shared, bidirectional_export
+):
+    if vision == "bidirectional":
+        preset = bidirectional_export[0]
+    else:
+        preset = shared.vision_preset(vision)
+    result = run_cli("serve", preset, *flags)
+    assert result.returncode == 2
+    assert cause in result.stderr
+    assert not result.engine_started
+    assert ENGINE_STARTED not in result.stderr + result.stdout
+
+
+def test_unsupported_family_exits_with_the_supported_list(tmp_path):
+    import keras_hub
+
+    keras_hub.models.RWKV7Backbone(
+        hidden_size=64, head_size=32, num_layers=1, vocabulary_size=64, intermediate_dim=64
+    ).save_to_preset(str(tmp_path))
+    result = run_cli("serve", str(tmp_path))
+    assert result.returncode == 2
+    assert "RWKV7" in result.stderr and "recurrent state" in result.stderr
+    assert ", ".join(families.supported_families()) in result.stderr
+    assert not result.engine_started
+    assert ENGINE_STARTED not in result.stderr + result.stdout
+
+
+def test_exported_folder_serves_with_plain_vllm(tmp_path):
+    preset = build_tiny_preset("gpt2", str(tmp_path / "preset"))
+    folder = str(tmp_path / "folder")
+    result = run_cli("export", f"keras_hub:{preset}", folder)
+    assert result.returncode == 0, result.stderr
+    assert "--load-format keras_hub" in result.stdout
+
+    port = free_port()
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", folder, "--load-format", "keras_hub", "--enforce-eager",
+        "--port", str(port), "--kv-cache-memory-bytes", str(1 << 30),
+        "--max-model-len", "128",
+    ]  # fmt: skip
+    # As a user's fresh shell runs it: no KERAS_BACKEND (see plugin_test.py).
+    with running_server(command, port, model_name=folder) as (base_url, _):
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0)
+        completion = client.completions.create(
+            model=folder, prompt="Hello", max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+        )
+        assert completion.usage.completion_tokens == 5
+        # GPT-2 has no chat format: a clear 400 saying how to pass one.
+        with pytest.raises(openai.BadRequestError, match="--chat-template"):
+            client.chat.completions.create(
+                model=folder, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+            )
+        again = client.completions.create(
+            model=folder, prompt="Hello", max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+        )
+        assert again.choices[0].text == completion.choices[0].text
+
+
+@pytest.fixture(scope="module")
+def bidirectional_export(tmp_path_factory):
+    """A bidirectional Gemma4 vision preset, exported: `(preset, folder,
+    the printed plain-vLLM command)`."""
+    import shlex
+
+    from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
+
+    root = tmp_path_factory.mktemp("bidirectional")
+    preset = build_tiny_vision_preset(str(root / "preset"), "gemma4", bidirectional=True)
+    folder = str(root / "folder")
+    result = run_cli("export", f"keras_hub:{preset}", folder)
+    assert result.returncode == 0, result.stderr
+    (line,) = [x for x in result.stdout.splitlines() if "vllm.entrypoints.openai" in x]
+    return preset, folder, shlex.split(line)
+
+
+def test_exported_vision_folder_serves_images_with_plain_vllm(tmp_path, bidirectional_export):
+    """`export` prints the flags a folder needs; with them, plain vLLM serves
+    a Gemma4 preset's images, bidirectional within each image (which needs
+    whole images in each step), as the oracle computes them."""
+    from vllm_keras_hub.testing.image_oracle import gemma4_full_forward_with_images
+    from vllm_keras_hub.testing.images import IMAGES
+    from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
+    from tests.vision_server_test import FAMILIES
+    from tests.vision_server_test import data_uri
+
+    causal = build_tiny_vision_preset(str(tmp_path / "causal"), "gemma4")
+    result = run_cli("export", f"keras_hub:{causal}", str(tmp_path / "causal_folder"))
+    assert result.returncode == 0, result.stderr
+    assert "--scheduler-cls" not in result.stdout
+
+    preset, folder, printed = bidirectional_export
+    assert "--disable-chunked-mm-input" in printed
+    assert "vllm_keras_hub.scheduler.ImageScheduler" in printed
+
+    port = free_port()
+    command = [
+        sys.executable, *printed[1:], "--enforce-eager", "--port", str(port),
+        "--kv-cache-memory-bytes", str(1 << 30), "--max-model-len", "1024",
+        "--dtype", "float32", "--limit-mm-per-prompt", '{"image": 1}',
+    ]  # fmt: skip
+    prompt = FAMILIES["gemma4"][0]
+    expected = gemma4_full_forward_with_images(preset, [(prompt, [IMAGES[0]])], 8)
+    with running_server(command, port, model_name=folder) as (base_url, _):
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0)
+        content = [
+            {"type": "text", "text": "What is in "},
+            {"type": "image_url", "image_url": {"url": data_uri(IMAGES[0])}},
+            {"type": "text", "text": " this picture?"},
+        ]
+        reply = client.chat.completions.create(
+            model=folder,
+            messages=[{"role": "user", "content": content}],
+            max_tokens=8,
+            temperature=0,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )
+    assert reply.prompt_token_ids == expected[0][0]
+    assert reply.choices[0].token_ids == expected[0][1]
+
+
+@pytest.mark.parametrize(
+    "flags, cause",
+    [
+        ({}, "Serve with --disable-chunked-mm-input"),
+        (
+            dict(disable_chunked_mm_input=True),
+            "--scheduler-cls vllm_keras_hub.scheduler.ImageScheduler",
+        ),
+    ],
+    ids=["no-flags", "vllms-scheduler"],
+)
+def test_plain_vllm_without_the_printed_flags_is_refused(bidirectional_export, flags, cause):
+    """Plain vLLM on the exported folder, without what `export` printed:
+    the model class refuses it at start-up, naming the flag, rather than
+    serve images split over steps."""
+    import vllm
+
+    from vllm_keras_hub.export.image_format import UnsupportedImageServingError
+    from vllm_keras_hub.testing.engines import TEST_ENGINE_KWARGS
+    from vllm_keras_hub.testing.engines import in_process_engine_env
+
+    _, folder, _ = bidirectional_export
+    settings = {**TEST_ENGINE_KWARGS, "max_model_len": 1024, **flags}
+    with in_process_engine_env(), pytest.raises(UnsupportedImageServingError, match=cause):
+        vllm.LLM(
+            folder,
+            load_format="keras_hub",
+            limit_mm_per_prompt={"image": 1},
+            distributed_executor_backend="uni",
+            **settings,
+        )

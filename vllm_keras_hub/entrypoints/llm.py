@@ -1,0 +1,188 @@
+"""`KerasHubLLM`: a `vllm.LLM` that also accepts `keras_hub:<preset>`."""
+
+import os
+
+import msgspec
+import vllm
+
+from vllm_keras_hub import backend
+
+# Before the imports below import Keras: a user's fresh shell names no
+# backend. (Not at package import: vLLM imports the package, our plugin, in
+# every process, for every model.)
+backend.default_to_torch()
+
+from vllm_keras_hub.lora import adapters as lora_adapters  # noqa: E402
+from vllm_keras_hub.export.hf_config import LOAD_FORMAT  # noqa: E402
+from vllm_keras_hub.export.hf_config import check_parallelism  # noqa: E402
+from vllm_keras_hub.export.hf_config import check_hybrid_settings  # noqa: E402
+from vllm_keras_hub.export.image_format import check_image_settings  # noqa: E402
+from vllm_keras_hub.export.image_format import image_limit  # noqa: E402
+from vllm_keras_hub.export.image_format import needs_whole_images  # noqa: E402
+from vllm_keras_hub.lora.merged import adapter_loader_config  # noqa: E402
+from vllm_keras_hub.plugin import register  # noqa: E402
+from vllm_keras_hub.scheduler import IMAGE_SCHEDULER  # noqa: E402
+from vllm_keras_hub.export.preset_folder import ModelFolder  # noqa: E402
+from vllm_keras_hub.export.preset_folder import strip_prefix  # noqa: E402
+
+
+# vLLM's default `gpu_memory_utilization=0.92` is, on the CPU backend, a share
+# of the machine's RAM reserved up front; it fails on any machine already
+# running something. A fixed KV cache is what a CPU user wants instead.
+CPU_KV_CACHE_BYTES = 2 << 30
+
+
+def default_kv_cache_bytes(memory_settings_given):
+    """The KV-cache size to set, or `None` to leave vLLM's choice.
+
+    Args:
+        memory_settings_given: Whether the user set `gpu_memory_utilization`
+            or `kv_cache_memory_bytes` themselves.
+    """
+    from vllm.platforms import current_platform
+
+    if (
+        memory_settings_given
+        or os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+        or not current_platform.is_cpu()
+    ):
+        return None
+    return CPU_KV_CACHE_BYTES
+
+
+class KerasHubLLM(vllm.LLM):
+    """A `vllm.LLM` that serves KerasHub presets.
+
+    `KerasHubLLM("keras_hub:<preset>", **vllm_kwargs)` accepts anything
+    `keras_hub.models.CausalLM.from_preset` does: a Kaggle handle,
+    `kaggle://...`, `hf://...`, or a local preset folder. It writes a
+    temporary model folder (config, exported tokenizer and generation config;
+    no weights), removed on `close()`, garbage collection or exit. Weights are
+    loaded once, from the preset, by the `keras_hub` load format. Without
+    `SamplingParams`, `generate` samples with the preset's own KerasHub
+    sampler (greedy for Gemma families, top-k 5 for most others), from the
+    folder's `generation_config.json`. Any other model string goes to
+    `vllm.LLM` unchanged.
+
+    With `enable_lora=True`, a `LoRARequest` may name a KerasHub `.lora.h5`
+    file as its `lora_path`, for adapters chosen per request; it is
+    converted to vLLM's form once (`lora/adapters.py`). A file that does not
+    fit the preset raises `LoraAdapterError` (vLLM aborts the rows of that
+    call it had queued).
+
+    Args:
+        model: `"keras_hub:<preset>"`, or any model `vllm.LLM` takes.
+        lora_weights: A KerasHub LoRA adapter of the preset (the
+            `.lora.h5` file of `backbone.save_lora_weights`), merged into
+            its kernels at load.
+        **kwargs: `vllm.LLM` arguments (`max_model_len`, `dtype`,
+            `max_num_batched_tokens`, ...).
+    """
+
+    def __init__(self, model, lora_weights=None, **kwargs):
+        self.model_folder = None
+        preset = self._preset = strip_prefix(model)
+        self._adapter_folders = {}
+        if lora_weights is not None:
+            if preset is None:
+                raise ValueError(
+                    f"lora_weights merges a KerasHub adapter into a 'keras_hub:<preset>' "
+                    f"model, not into {model!r}."
+                )
+            kwargs["model_loader_extra_config"] = adapter_loader_config(
+                lora_weights, kwargs.get("model_loader_extra_config")
+            )
+        if preset is not None:
+            register()
+            self.model_folder = ModelFolder(
+                preset, max_model_len=kwargs.get("max_model_len")
+            )
+            try:
+                check_parallelism(
+                    self.model_folder.family,
+                    kwargs.get("tensor_parallel_size"),
+                    kwargs.get("pipeline_parallel_size"),
+                    kwargs.get("enable_expert_parallel", False),
+                )
+                if self.model_folder.family.hybrid:
+                    check_hybrid_settings(
+                        speculative=kwargs.get("speculative_config") is not None,
+                        mamba_ssm_cache_dtype=kwargs.get("mamba_ssm_cache_dtype"),
+                        mamba_cache_dtype=kwargs.get("mamba_cache_dtype"),
+                        mamba_cache_mode=kwargs.get("mamba_cache_mode"),
+                        enable_lora=kwargs.get("enable_lora", False),
+                    )
+                image = self.model_folder.images
+                if image:
+                    if needs_whole_images(image):
+                        kwargs.setdefault("disable_chunked_mm_input", True)
+                        kwargs.setdefault("scheduler_cls", IMAGE_SCHEDULER)
+                    check_image_settings(
+                        image,
+                        image_limit(kwargs.get("limit_mm_per_prompt")),
+                        kwargs.get("enable_chunked_prefill", True) is not False,
+                        not kwargs.get("disable_chunked_mm_input", False),
+                        kwargs.get("pipeline_parallel_size"),
+                        kwargs.get("scheduler_cls"),
+                    )
+                if kwargs.get("enable_lora"):
+                    lora_adapters.check_lora_serving(
+                        kwargs.get("tensor_parallel_size"),
+                        kwargs.get("pipeline_parallel_size"),
+                    )
+            except BaseException:
+                self.close()
+                raise
+            model = self.model_folder.path
+            kwargs.setdefault("load_format", LOAD_FORMAT)
+            kwargs.setdefault("tokenizer_mode", self.model_folder.tokenizer_mode)
+            kv_cache_bytes = default_kv_cache_bytes(
+                {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(kwargs)
+            )
+            if kv_cache_bytes is not None:
+                kwargs["kv_cache_memory_bytes"] = kv_cache_bytes
+        try:
+            super().__init__(model=model, **kwargs)
+        except BaseException:
+            self.close()
+            raise
+
+    def _add_request(self, prompt, params, lora_request=None, priority=0):
+        # vLLM's one funnel for every offline request (`generate`, `chat`).
+        return super()._add_request(
+            prompt, params, self._vllm_lora_request(lora_request), priority
+        )
+
+    def _vllm_lora_request(self, request):
+        """`request`, pointed at its vLLM folder if it names a KerasHub file."""
+        if (
+            request is None
+            or self._preset is None
+            or not lora_adapters.is_keras_hub_adapter(request.lora_path)
+        ):
+            return request
+        lora_config = self.llm_engine.vllm_config.lora_config
+        if lora_config is None:
+            return request  # vLLM refuses it: LoRA is not enabled.
+        path = os.path.abspath(request.lora_path)
+        stat = os.stat(path) if os.path.isfile(path) else None
+        key = (path, stat and (stat.st_mtime_ns, stat.st_size))
+        if key not in self._adapter_folders:
+            self._adapter_folders[key] = lora_adapters.peft_folder(
+                self._preset, path, lora_config.max_lora_rank
+            )
+        return msgspec.structs.replace(request, lora_path=self._adapter_folders[key])
+
+    def close(self):
+        """Shuts the engine down and removes the temporary model folder."""
+        engine = getattr(self, "llm_engine", None)
+        if engine is not None and hasattr(engine, "engine_core"):
+            engine.engine_core.shutdown()
+        if self.model_folder is not None:
+            self.model_folder.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()

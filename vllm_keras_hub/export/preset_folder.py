@@ -1,0 +1,376 @@
+"""Turns a KerasHub preset into a model folder vLLM can open. No weights.
+
+The folder holds `config.json` (our model type, the real dims vLLM sizes the
+KV cache from, and the preset reference), the preset's tokenizer exported to
+Hugging Face `tokenizers` format, its chat template, and
+`generation_config.json` with the stop ids and the preset's default sampler. Weights are read from the
+preset itself by the `keras_hub` load format.
+"""
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+import weakref
+
+from vllm_keras_hub.export import chat_templates
+from vllm_keras_hub.export import hf_config as config_lib
+from vllm_keras_hub.models import families
+from vllm_keras_hub.export import image_format as image_config
+from vllm_keras_hub.export import sampling
+from vllm_keras_hub.export import tokenizer as tokenizer_export
+
+logger = logging.getLogger(__name__)
+
+PRESET_PREFIX = "keras_hub:"
+# RoPE presets do not record a context limit; this is keras-hub's own
+# serving default. `max_model_len` raises or lowers it.
+DEFAULT_MAX_POSITION_EMBEDDINGS = 8192
+
+
+class PresetError(ValueError):
+    """A preset that cannot be opened, naming the preset and the cause."""
+
+
+def strip_prefix(model):
+    """Returns the preset of a `keras_hub:<preset>` string, else `None`."""
+    if isinstance(model, str) and model.startswith(PRESET_PREFIX):
+        return model[len(PRESET_PREFIX) :]
+    return None
+
+
+def resolve_preset(preset):
+    """Normalises a preset reference; local folders become absolute paths.
+
+    vLLM's engine processes may run in another working directory.
+    """
+    if os.path.isdir(os.path.expanduser(preset)):
+        return os.path.abspath(os.path.expanduser(preset))
+    return preset
+
+
+def read_preset(preset):
+    """Reads what serving needs from a preset, without building the model.
+
+    Args:
+        preset: Anything `keras_hub.models.CausalLM.from_preset` accepts.
+
+    Returns:
+        `(family, backbone_config, causal_lm_class)`.
+
+    Raises:
+        PresetError: the preset is missing or unreadable, naming the cause.
+        families.UnsupportedFamilyError: the family has no route.
+    """
+    from keras_hub.src.utils.preset_utils import get_preset_loader
+
+    try:
+        loader = get_preset_loader(preset)
+        backbone_cls = loader.check_backbone_class()
+    except Exception as e:  # noqa: BLE001 - re-raised with the preset named
+        raise PresetError(
+            f"Cannot open KerasHub preset '{preset}': {type(e).__name__}: {e}"
+        ) from e
+    family = families.family_for_backbone(backbone_cls.__name__, preset)
+    if hasattr(loader, "converter"):  # A Hugging Face checkpoint (hf://).
+        backbone_config = loader.converter.convert_backbone_config(loader.config)
+    else:
+        backbone_config = loader.config["config"]
+    return family, backbone_config, sampling.causal_lm_class(preset)
+
+
+def model_dims(backbone_config):
+    """Maps a KerasHub backbone config to the dims vLLM reads.
+
+    Multi-head configs name `num_heads`; grouped-query ones name
+    `num_query_heads` (SmolLM3: `num_attention_heads`) and
+    `num_key_value_heads`; Gemma and Mistral name an explicit `head_dim`.
+    Gemma3n names its text dims as Hugging Face does (`text_hidden_size`,
+    `num_hidden_layers`, `text_vocab_size`, `max_position_embeddings`).
+    """
+    if "text_hidden_size" in backbone_config:
+        backbone_config = {
+            **backbone_config,
+            "hidden_dim": backbone_config["text_hidden_size"],
+            "vocabulary_size": backbone_config["text_vocab_size"],
+            "num_layers": backbone_config["num_hidden_layers"],
+            "max_sequence_length": backbone_config["max_position_embeddings"],
+        }
+    hidden = backbone_config["hidden_dim"]
+    heads = (
+        backbone_config.get("num_query_heads")
+        or backbone_config.get("num_attention_heads")
+        or backbone_config["num_heads"]
+    )
+    dims = {
+        "vocab_size": backbone_config["vocabulary_size"],
+        "hidden_size": hidden,
+        "num_hidden_layers": backbone_config["num_layers"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": backbone_config.get("num_key_value_heads") or heads,
+        "head_dim": backbone_config.get("head_dim") or hidden // heads,
+        "max_position_embeddings": backbone_config.get(
+            "max_sequence_length", DEFAULT_MAX_POSITION_EMBEDDINGS
+        ),
+    }
+    return {key: int(value) for key, value in dims.items()}
+
+
+def config_digest(backbone_config):
+    """A digest of the whole backbone config, for `config.json`.
+
+    vLLM keys its saved compile (`saved_compile`) by the engine config, of
+    which `config.json` is part; this makes any backbone setting part of
+    that key, not only the dims written beside it. The layer's name (which
+    Keras numbers per process: `llama3_backbone_1`) and trainability do not
+    change the computation, so they are left out.
+    """
+    settings = {
+        key: value
+        for key, value in backbone_config.items()
+        if key not in ("name", "trainable")
+    }
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def weights_dtype(backbone_config):
+    """The dtype a preset's weights were saved in, e.g. `"bfloat16"`.
+
+    Written as `torch_dtype`, from which vLLM's `dtype="auto"` resolves (it
+    serves float32 weights in bfloat16 unless told `dtype="float32"`).
+    """
+    policy = backbone_config.get("dtype") or "float32"
+    if isinstance(policy, dict):
+        policy = policy.get("config", {}).get("name", "float32")
+    return policy.removeprefix("mixed_")
+
+
+def stop_token_ids(tokenizer, stop_tokens):
+    """The ids generation stops on.
+
+    `end_token_id`, then `end_token2_id` where the tokenizer has one (Llama3's
+    `<|eot_id|>`), as `CausalLM.generate()` stops; then those of
+    `stop_tokens` that are in the vocabulary (Gemma3's `<end_of_turn>`, chat
+    formats' turn ends).
+    """
+    ids = [tokenizer.end_token_id]
+    if getattr(tokenizer, "end_token2_id", None) is not None:
+        ids.append(tokenizer.end_token2_id)
+    vocabulary = set(tokenizer.get_vocabulary())
+    ids += [tokenizer.token_to_id(token) for token in stop_tokens if token in vocabulary]
+    return [int(i) for i in dict.fromkeys(ids) if i is not None]
+
+
+# vLLM passes any role through to the template, and most templates render an
+# unknown one as if it were valid; refuse it instead (vLLM answers a 400).
+ROLE_GUARD = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] not in ['system', 'developer', 'user', 'assistant', 'tool'] %}"
+    "{{- raise_exception('Unknown role ' ~ message['role'] ~ ': roles are system, "
+    "developer, user, assistant and tool.') }}"
+    "{%- endif %}{%- endfor %}"
+)
+
+
+def chat_template_and_stops(preset, family):
+    """The chat template to serve `preset` with, and its turn-end tokens.
+
+    The preset's own template first, else the family's maintained format,
+    either behind a guard that refuses unknown roles. A family with no chat
+    format gets a template that refuses chat requests with a message saying
+    how to pass one (vLLM answers it with a 400).
+    """
+    template = chat_templates.preset_chat_template(preset)
+    if template is not None:
+        return ROLE_GUARD + template, ()
+    chat_format = chat_templates.chat_format(family.name)
+    if chat_format is not None:
+        return ROLE_GUARD + chat_format.template, chat_format.turn_end_tokens
+    message = (
+        f"{family.display_name} presets have no chat format. "
+        f"{chat_templates.NO_CHAT_TEMPLATE_HELP}"
+    )
+    return "{{ raise_exception(%s) }}" % json.dumps(message), ()
+
+
+def adds_start_token(preset, tokenizer):
+    """Whether prompts start with the start token, as the preprocessor says."""
+    from keras_hub.src.utils.preset_utils import PREPROCESSOR_CONFIG_FILE
+    from keras_hub.src.utils.preset_utils import check_file_exists
+    from keras_hub.src.utils.preset_utils import load_json
+
+    add_start_token = True  # CausalLMPreprocessor's default.
+    if check_file_exists(preset, PREPROCESSOR_CONFIG_FILE):
+        preprocessor = load_json(preset, PREPROCESSOR_CONFIG_FILE)
+        add_start_token = preprocessor["config"].get("add_start_token", True)
+    return bool(add_start_token) and tokenizer.start_token_id is not None
+
+
+def write_model_folder(preset, directory, max_model_len=None):
+    """Writes the vLLM model folder of `preset` into `directory`.
+
+    Args:
+        preset: Anything `keras_hub.models.CausalLM.from_preset` accepts.
+        directory: An existing, empty folder.
+        max_model_len: Written as `max_position_embeddings` when given, so
+            vLLM accepts contexts up to it.
+
+    Returns:
+        The tokenizer mode vLLM must use: `"auto"` for the exported
+        tokenizer, `"keras_hub"` where only KerasHub's own tokenizer is exact.
+    """
+    from keras_hub.src.tokenizers.tokenizer import Tokenizer
+
+    config_lib.register_config()
+    preset = resolve_preset(preset)
+    family, backbone_config, causal_lm_cls = read_preset(preset)
+    tokenizer = Tokenizer.from_preset(preset)
+
+    dims = model_dims(backbone_config)
+    if max_model_len is not None:
+        dims["max_position_embeddings"] = int(max_model_len)
+    chat_template, turn_end_tokens = chat_template_and_stops(preset, family)
+    stop_ids = stop_token_ids(tokenizer, family.stop_tokens + turn_end_tokens)
+    model_config = config_lib.KerasHubConfig(
+        keras_hub_preset=preset,
+        keras_hub_family=family.name,
+        keras_hub_config_digest=config_digest(backbone_config),
+        eos_token_id=stop_ids[0],
+        bos_token_id=tokenizer.start_token_id,
+        pad_token_id=getattr(tokenizer, "pad_token_id", None),
+        torch_dtype=weights_dtype(backbone_config),
+        **{
+            "architectures": [config_lib.ARCHITECTURE],
+            **dims,
+            **config_lib.hybrid_fields(backbone_config),
+            **image_config.image_fields(preset, family.backbone, backbone_config, tokenizer),
+        },
+    )
+    model_config.save_pretrained(directory)
+
+    sampler = sampling.default_sampler(causal_lm_cls)
+    generation_config = {"eos_token_id": stop_ids}
+    if tokenizer.start_token_id is not None:
+        generation_config["bos_token_id"] = int(tokenizer.start_token_id)
+    generation_config.update(sampling.generation_config_fields(sampler))
+    with open(os.path.join(directory, "generation_config.json"), "w") as f:
+        json.dump(generation_config, f, indent=2)
+
+    # transformers' tokenizers (so vLLM) read this file beside tokenizer.json.
+    with open(os.path.join(directory, chat_templates.CHAT_TEMPLATE_FILE), "w") as f:
+        f.write(chat_template)
+    try:
+        tokenizer_export.export_tokenizer(
+            tokenizer, directory, add_start_token=adds_start_token(preset, tokenizer)
+        )
+        return "auto"
+    except tokenizer_export.TokenizerExportError as e:
+        logger.warning(
+            "Serving KerasHub's own tokenizer for '%s' (tokenizer_mode=%r): "
+            "it cannot be exported exactly (%s).",
+            preset,
+            config_lib.KERAS_HUB_TOKENIZER_MODE,
+            e,
+        )
+        return config_lib.KERAS_HUB_TOKENIZER_MODE
+
+
+def _content_digest(directory):
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(directory)):
+        digest.update(name.encode() + b"\0")
+        with open(os.path.join(directory, name), "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()[:20]
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+@contextlib.contextmanager
+def _locked():
+    # One lock file for all model folders: it is never removed, so no user
+    # can lock a file another has just deleted.
+    with open(os.path.join(tempfile.gettempdir(), "vllm_keras_hub.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _release(path, marker):
+    """Drops one user of a shared folder; the last live user removes it."""
+    with _locked():
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(marker)
+        users = path + ".users"
+        live = [
+            name
+            for name in (os.listdir(users) if os.path.isdir(users) else [])
+            if _pid_alive(int(name.split("-")[0]))
+        ]
+        if not live:
+            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(users, ignore_errors=True)
+
+
+class ModelFolder:
+    """A temporary model folder, removed on `cleanup()`, GC or exit.
+
+    The folder's path is derived from its contents, so the same preset with
+    the same settings gets the same path each time. vLLM keys its
+    torch.compile caches by the model path: a stable path lets a restarted
+    engine reuse its compiled kernels, where a fresh path each time would
+    compile from scratch and leave a new cache folder behind on every start.
+    Engines that share a folder at once (in this or other processes) each
+    hold it; the last one to let go removes it.
+
+    Args:
+        preset: Anything `keras_hub.models.CausalLM.from_preset` accepts.
+        max_model_len: See `write_model_folder`.
+    """
+
+    def __init__(self, preset, max_model_len=None):
+        staging = tempfile.mkdtemp(prefix="vllm_keras_hub_staging_")
+        try:
+            self.tokenizer_mode = write_model_folder(
+                preset, staging, max_model_len=max_model_len
+            )
+            self.path = os.path.join(
+                tempfile.gettempdir(), f"vllm_keras_hub_{_content_digest(staging)}"
+            )
+            marker = os.path.join(
+                self.path + ".users", f"{os.getpid()}-{uuid.uuid4().hex}"
+            )
+            with _locked():
+                if os.path.isdir(self.path):
+                    shutil.rmtree(staging)
+                else:
+                    os.rename(staging, self.path)
+                os.makedirs(self.path + ".users", exist_ok=True)
+                open(marker, "w").close()
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self._finalizer = weakref.finalize(self, _release, self.path, marker)
+        with open(os.path.join(self.path, "config.json")) as f:
+            config = json.load(f)
+        self.family = families.family_by_name(config["keras_hub_family"])
+        # The image format of a preset served with images (`export/image_format.py`),
+        # else `None`.
+        self.images = config.get("keras_hub_image")
+
+    def cleanup(self):
+        """Lets go of the folder now. Safe to call more than once."""
+        self._finalizer()

@@ -1,0 +1,1 @@
+"""Weights from the preset, once, each rank reading only its shard."""

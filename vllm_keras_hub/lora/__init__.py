@@ -1,0 +1,1 @@
+"""KerasHub LoRA adapters: merged at load, or chosen per request."""

@@ -1,0 +1,1 @@
+"""The vLLM model classes that run a preset's own KerasHub layers."""

@@ -1,0 +1,404 @@
+"""The vLLM model class that runs a KerasHub preset's own layers.
+
+`KerasHubForCausalLM` holds the preset's KerasHub backbone (Keras on torch, so
+its layers are `torch.nn.Module`s), one vLLM `Attention` per attending
+transformer layer, one vLLM state layer per Gated DeltaNet layer and one vLLM
+`FusedMoE` per MoE block. Each forward step publishes keras-hub's serving
+context: every routed KerasHub attention layer projects q/k/v, applies its
+own position encoding at vLLM's per-token positions and hands q/k/v to
+keras-hub's paged-attention bridge, which calls the layer's vLLM `Attention`
+(`layers/attention.py`); every Gated DeltaNet layer hands its tokens to its
+state layer, over vLLM's state cache (`layers/state_routes.py`); every MoE
+block routes with its own router and hands its experts to its `FusedMoE`
+(`layers/moe.py`). Everything else stays KerasHub. Hybrid presets are served
+by the `hybrid.py` subclass, which tells vLLM their state's shapes.
+
+The backbone's layers call their own `call()` directly
+(`compile/direct_calls.py`), so vLLM's default mode can compile the whole
+step with torch.compile, as it does for its own models. On the CPU their
+Dense/EinsumDense matmuls run on the weights prepacked for vLLM's CPU GEMM,
+as vLLM's own linear layers do (`layers/linear.py`).
+"""
+
+from vllm_keras_hub.backend import require_torch_backend
+
+# Before anything below imports Keras: a clear error for another backend.
+require_torch_backend()
+
+import torch
+from keras_hub.src.vllm.context import vllm_context_scope
+from torch import nn
+from vllm.compilation.decorators import support_torch_compile
+from vllm.config import set_current_vllm_config
+from vllm.logger import init_logger
+from vllm.model_executor.models.interfaces import SupportsLoRA
+from vllm.model_executor.models.interfaces import SupportsPP
+from vllm.model_executor.models.utils import make_empty_intermediate_tensors_factory
+from vllm.platforms import current_platform
+from vllm.sequence import IntermediateTensors
+
+from vllm_keras_hub.models import families
+from vllm_keras_hub.lora import merged as lora
+from vllm_keras_hub.lora import adapters as lora_adapters
+from vllm_keras_hub.models import pipeline
+from vllm_keras_hub.loading import preset_weights
+from vllm_keras_hub.models import probe
+from vllm_keras_hub.compile.direct_calls import use_direct_calls
+from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
+from vllm_keras_hub.vllm_fixes.saved_compile import load_saved_compiles
+from vllm_keras_hub.export.hf_config import LOAD_FORMAT
+from vllm_keras_hub.export.hf_config import check_parallelism
+from vllm_keras_hub.layers import attention as attention_layers
+from vllm_keras_hub.layers import image_attention
+from vllm_keras_hub.layers import lora_linear
+from vllm_keras_hub.layers import moe
+from vllm_keras_hub.layers import moe_routes
+from vllm_keras_hub.layers import parallel_linear
+from vllm_keras_hub.layers import state_routes
+from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
+from vllm_keras_hub.layers import rotary_tables
+from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
+from vllm_keras_hub.loading.load_format import backbone_dtype
+from vllm_keras_hub.loading.load_format import task_final_logit_cap
+from vllm_keras_hub.models.probe import RouteError
+
+logger = init_logger(__name__)
+
+
+# vLLM compiles `forward` (unless enforce_eager) with dynamic token counts.
+@support_torch_compile(
+    dynamic_arg_dims={
+        "input_ids": 0,
+        "positions": -1,
+        "intermediate_tensors": 0,
+        "inputs_embeds": 0,
+    }
+)
+class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
+    """A KerasHub `CausalLM` preset served by vLLM's model runner.
+
+    Built empty by vLLM; the `keras_hub` load format then calls
+    `load_preset()`, which builds the backbone, reads from the preset the
+    weights this rank serves, once, and creates the vLLM `Attention` and
+    `FusedMoE` modules. Under pipeline parallelism (`SupportsPP`) each rank
+    holds and runs its stage of the layers (`pipeline.py`).
+
+    With `--enable-lora` it is a vLLM `SupportsLoRA` model: its LoRA-capable
+    matmuls run on vLLM linears (`layers/lora_linear.py`), which vLLM's LoRA
+    manager wraps, and adapters are converted by `lora/adapters.py`.
+
+    Args:
+        vllm_config: The engine's `VllmConfig`; `model_config.hf_config` is a
+            `KerasHubConfig`.
+        prefix: Module prefix vLLM gives the model.
+    """
+
+    # Whether `forward` takes `inputs_embeds` (presets served with images).
+    takes_embeddings = False
+
+    def __init__(self, *, vllm_config, prefix=""):
+        super().__init__()
+        require_torch_backend()
+        load_format = vllm_config.load_config.load_format
+        if load_format != LOAD_FORMAT:
+            raise ValueError(
+                f"A KerasHub model loads its weights from its preset with "
+                f"load_format='{LOAD_FORMAT}' (--load-format {LOAD_FORMAT}), "
+                f"got load_format='{load_format}'."
+            )
+        hf_config = vllm_config.model_config.hf_config
+        self.family = families.family_by_name(hf_config.keras_hub_family)
+        families.family_for_backbone(self.family.backbone, hf_config.keras_hub_preset)
+        # Plain vLLM reaches here without `KerasHubLLM`'s or `serve`'s check.
+        parallel_config = vllm_config.parallel_config
+        check_parallelism(
+            self.family,
+            parallel_config.tensor_parallel_size,
+            parallel_config.pipeline_parallel_size,
+            parallel_config.enable_expert_parallel,
+        )
+        if vllm_config.lora_config is not None:
+            lora_adapters.check_lora_serving(
+                parallel_config.tensor_parallel_size,
+                parallel_config.pipeline_parallel_size,
+            )
+        if parallel_config.pipeline_parallel_size > 1 and current_platform.is_cpu():
+            pipeline.keep_intermediate_buffer_in_eager_mode()
+        self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
+            ["hidden_states"], hf_config.hidden_size
+        )
+        self.config = hf_config
+        self.preset = hf_config.keras_hub_preset
+        self.vllm_config = vllm_config
+        # Before vLLM's first (compiled) call, which loads a saved compile.
+        load_saved_compiles(KerasHubForCausalLM)
+        self.prefix = prefix
+        self.backbone = None
+        self.stage = None
+        self._final_logit_cap = None
+        self.attention = nn.ModuleList()
+        self.moe = nn.ModuleList()
+        self.moe_blocks = []
+        # One vLLM state layer per recurrent-state layer (hybrid presets).
+        self.states = nn.ModuleList()
+        # vLLM's parallel linear layers holding this rank's shards, and
+        # the vocabulary-parallel output head (tensor parallelism only).
+        self.parallel_linears = nn.ModuleList()
+        self.lm_head = None
+        self.logits_processor = None
+        # vLLM linears under the LoRA-capable matmuls (with --enable-lora).
+        self.lora_layers = nn.ModuleDict()
+        self._route_layers = []
+        # Matmul layers moved to vLLM's prepacked CPU GEMM (`layers/linear.py`).
+        self.cpu_gemm_layers = 0
+        # The backbone's index of each vLLM `Attention`'s layer.
+        self.attending_layers = []
+
+    @property
+    def _name(self):
+        return f"{self.family.display_name} ({self.preset})"
+
+    def load_preset(self, lora_weights=None):
+        """Loads this rank's part of the backbone from the preset, once.
+
+        The backbone is built with no weights (`preset_weights.py`); each
+        weight is then read from the preset only where this rank uses it:
+        its pipeline stage's layers (`pipeline.py`), and of those, under
+        tensor parallelism, only the shards vLLM's parallel linears and
+        fused experts keep. A LoRA adapter `lora_weights` (a KerasHub
+        `.lora.h5` file), if given, is merged into its layers' kernels
+        first. A one-token probe through the stage then asks every
+        attention layer for its heads, scale, sliding window and soft cap,
+        and checks that each transformer layer and each MoE block routes; a
+        family that does not fails here, at start-up.
+        """
+        model_config = self.vllm_config.model_config
+        dtype = str(model_config.dtype).removeprefix("torch.")
+        backbone = preset_weights.unloaded_backbone(
+            self.preset, backbone_dtype(self.preset, dtype)
+        )
+        weights = preset_weights.PresetWeights(backbone, self.preset)
+        try:
+            self._load(backbone, weights, lora_weights)
+        finally:
+            weights.close()
+
+    def _load(self, backbone, weights, lora_weights):
+        from vllm.distributed import get_pp_group
+
+        model_config = self.vllm_config.model_config
+        self._dtype = model_config.dtype
+        self._check_backbone(backbone)
+        pp = get_pp_group()
+        stage = pipeline.stage(backbone, pp.rank_in_group, pp.world_size)
+        weights.release(stage.unused_variables())
+        if lora_weights is not None:
+            rank = lora.load_adapter(backbone, lora_weights, weights)
+            logger.info(
+                "LoRA adapter %s (rank %d): %d layers merged into their kernels",
+                lora_weights, rank, lora.merge_lora(backbone),
+            )  # fmt: skip
+        state_layers = state_routes.install(stage.layers)
+        attention_layers.install(backbone, self.family)
+        moe_blocks = moe_routes.install(
+            backbone, stage.layers if stage.size > 1 else None
+        )
+        use_direct_calls(backbone)
+        if stage.model is not None:
+            use_direct_calls(stage.model)
+        use_rotary_tables(backbone, model_config.max_model_len)
+        substitute_keras_helpers()
+        device = self.vllm_config.device_config.device
+        with set_current_vllm_config(self.vllm_config), torch.device(device):
+            linears, self.lm_head, self.logits_processor = parallel_linear.shard_stage(
+                stage, weights, self.prefix
+            )
+            self.parallel_linears = nn.ModuleList(linears)
+            self.moe = nn.ModuleList(
+                moe.build_experts(
+                    moe_blocks, f"{self.prefix}moe.", model_config.dtype, weights
+                )
+            )
+        self.moe_blocks = moe_blocks
+        weights.finish()
+        # Loaded weights: a state layer on vLLM's kernels copies small ones.
+        with set_current_vllm_config(self.vllm_config), torch.device(device):
+            self.states = nn.ModuleList(
+                state_routes.build(
+                    state_layers, f"{self.prefix}state.", model_config.dtype, stage.start
+                )
+            )
+        if self.vllm_config.lora_config is not None:
+            with set_current_vllm_config(self.vllm_config), torch.device(device):
+                self.lora_layers = self._lora_layers(backbone, moe_blocks)
+        routes = probe.run(stage)
+        probe.check_attention_routes(routes, stage.layers, self._name)
+        probe.check_moe_routes(routes, moe_blocks, self._name)
+        probe.check_state_routes(routes, state_layers, self._name)
+        probe.check_kv_sharing(routes.specs)
+        self.backbone = backbone
+        if current_platform.is_cpu():
+            self.cpu_gemm_layers = use_vllm_cpu_gemm(
+                backbone, lambda: self._serving_step(stage)
+            )
+            logger.info(
+                "%d KerasHub matmul layers run on vLLM's CPU GEMM",
+                self.cpu_gemm_layers,
+            )
+        attending = attention_layers.attention_indices(stage.layers)
+        self.attending_layers = [stage.start + index for index in attending]
+        with set_current_vllm_config(self.vllm_config), torch.device(device):
+            self.attention = nn.ModuleList(
+                attention_layers.build(
+                    routes.specs,
+                    f"{self.prefix}attention.",
+                    self.vllm_config.cache_config,
+                    self.attending_layers,
+                )
+            )
+        self.stage = stage
+        self._final_logit_cap = task_final_logit_cap(self.preset)
+        self.attention_specs = routes.specs
+        self._route_layers = routes.attention_layers
+
+    def _check_backbone(self, backbone):
+        """Raises for a backbone this model class cannot serve exactly."""
+
+    def _serving_step(self, stage):
+        """Runs the backbone once as serving will (the CPU GEMM's check)."""
+        probe.run(stage)
+
+    def _lora_layers(self, backbone, moe_blocks):
+        if moe_blocks:
+            raise lora_adapters.UnsupportedLoraError(
+                f"{self._name}: LoRA adapters per request (--enable-lora) are not "
+                "supported for MoE families yet: vLLM's LoRA manager would wrap "
+                "the experts' FusedMoE, which KerasHub adapters do not target. "
+                "Merge one adapter at load instead (--lora-weights)."
+            )
+        layers = lora_linear.build(backbone, self.prefix)
+        logger.info("%d KerasHub matmul layers can take LoRA adapters", len(layers))
+        return layers
+
+    @property
+    def lora_manager(self):
+        """vLLM's `LoRAModelManager` of this model.
+
+        vLLM sets it once it has wrapped the LoRA layers, which is when
+        they get their zero slot (`lora_linear.keep_a_zero_slot`).
+        """
+        return self.__dict__.get("_lora_manager")
+
+    @lora_manager.setter
+    def lora_manager(self, manager):
+        lora_linear.keep_a_zero_slot(manager)
+        self.__dict__["_lora_manager"] = manager
+
+    def embed_input_ids(self, input_ids):
+        """The token embedding (Gemma3n's includes its embedding scale)."""
+        return attention_layers.token_embedding(self.backbone)(input_ids)
+
+    def forward(
+        self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None
+    ):
+        """Runs this rank's pipeline stage of the backbone on vLLM's packed tokens.
+
+        Args:
+            input_ids: `(num_tokens,)` token ids of all scheduled requests.
+            positions: `(num_tokens,)` absolute position of each token.
+            intermediate_tensors: The previous stage's `hidden_states`, on
+                every stage but the first.
+            inputs_embeds: `(num_tokens, hidden_size)` embeddings in place
+                of `input_ids`, for presets served with images (`vision.py`).
+
+        Returns:
+            `(num_tokens, hidden_size)` final hidden states on the last
+            stage; on the others, `IntermediateTensors` holding the hidden
+            states for the next.
+        """
+        if inputs_embeds is not None and not self.takes_embeddings:
+            raise NotImplementedError("This KerasHub model takes token ids only.")
+        hidden = inputs_embeds
+        if not self.stage.first:
+            hidden = intermediate_tensors["hidden_states"]
+        routed, experts_routed, states_routed = [], [], []
+
+        def paged_attention(attention, query, key, value, *args, **kwargs):
+            routed.append(attention)
+            dtype = self._dtype
+            query = query.to(dtype)
+            if attention.kv_sharing_target_layer_name is not None:
+                # It attends over its target's cache and writes none.
+                output = attention(query, None, None)
+            else:
+                output = attention(query, key.to(dtype), value.to(dtype))
+            if image_attention.marked(attention):
+                output = image_attention.attend_images(attention, query, output)
+            return attention, output
+
+        def experts(block, hidden_states, routing):
+            experts_routed.append(block)
+            return self.moe[block._vllm_moe_index](hidden_states, routing)
+
+        def state_step(layer, hidden_states):
+            states_routed.append(layer._vllm_state_index)
+            return self.states[layer._vllm_state_index](layer, hidden_states)
+
+        with (
+            vllm_context_scope(
+                paged_attention_func=paged_attention,
+                positions=positions,
+                kv_caches=self.attention,
+            ),
+            moe.experts_scope(experts),
+            state_routes.state_scope(state_step),
+            rotary_tables.step_scope(),
+        ):
+            hidden_states = self.stage.packed_forward(input_ids, positions, hidden)
+        # A step that routed differently from the start-up probe (a layer
+        # that fell back to its own attention) must not return; under
+        # torch.compile this is decided once, while tracing. Attention is
+        # counted (keras-hub's bridge hands the n-th call the n-th layer's
+        # cache; the probe checked layers by name); MoE blocks carry their
+        # index, so each must route exactly once, in order.
+        if len(routed) != len(self.attention):
+            raise RouteError(
+                f"{self._name}: {len(routed)} of {len(self.attention)} "
+                "transformer layers handed attention to vLLM in this step; "
+                "serving it would give wrong output."
+            )
+        if [b._vllm_moe_index for b in experts_routed] != list(range(len(self.moe))):
+            raise RouteError(
+                f"{self._name}: {len(experts_routed)} expert calls to vLLM in "
+                f"this step for {len(self.moe)} MoE blocks, not one per block "
+                "in order; serving it would give wrong output."
+            )
+        if states_routed != list(range(len(self.states))):
+            raise RouteError(
+                f"{self._name}: {len(states_routed)} state-layer calls to vLLM "
+                f"in this step for {len(self.states)} Gated DeltaNet layers, not "
+                "one per layer in order; serving it would give wrong output."
+            )
+        if not self.stage.last:
+            return IntermediateTensors({"hidden_states": hidden_states})
+        return hidden_states
+
+    def compute_logits(self, hidden_states):
+        """Logits through the backbone's own (possibly tied) output embedding.
+
+        KerasHub's `ReversibleEmbedding` also applies a family's final logit
+        soft cap (Gemma2); a task-level one (Gemma4's `final_logit_cap`)
+        follows. Under tensor parallelism the projection is vLLM's
+        vocabulary-parallel head, holding the same weights.
+        """
+        if self.lm_head is not None:
+            logits = self.logits_processor(self.lm_head, hidden_states)
+            if logits is None:
+                return None  # another rank samples
+        else:
+            embedding = attention_layers.token_embedding(self.backbone)
+            logits = embedding(hidden_states, reverse=True)
+        cap = self._final_logit_cap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits

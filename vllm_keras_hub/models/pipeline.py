@@ -1,0 +1,273 @@
+"""Pipeline parallelism: each stage holds and runs only its own layers.
+
+vLLM cuts a model's transformer layers into contiguous stages, one per
+pipeline rank (`get_pp_indices`, or `VLLM_PP_LAYER_PARTITION`), and sends
+each stage's hidden states to the next as `IntermediateTensors`. A KerasHub
+backbone's forward is a Keras functional graph: the embedding, the
+transformer layers in order, the final norm. A stage runs the part of that
+graph between its boundaries, as a Keras model cut from the backbone's own
+graph (Keras builds a model between any of a graph's tensors), so the
+layers, their arguments and their order stay KerasHub's:
+- the first stage starts at the backbone's inputs, a later one at the
+  hidden states the previous transformer layer returns, with the
+  backbone's other inputs (the padding mask) alongside;
+- the last stage ends at the backbone's output, the others at their last
+  transformer layer's output.
+
+The embedding belongs to the first stage, the final norm and the output
+head to the last (a tied head also keeps the embedding there, as vLLM's
+own models do); every other variable belongs to the stage of the
+transformer layer that owns it. `Stage.unused_variables` lists what the
+stage never uses, which the loader never reads (`preset_weights.py`).
+"""
+
+import dataclasses
+
+import torch
+
+from vllm_keras_hub.export.hf_config import PIPELINE_REFUSALS
+from vllm_keras_hub.export.hf_config import UnsupportedParallelismError
+from vllm_keras_hub.layers.attention import token_embedding
+from vllm_keras_hub.layers.attention import transformer_layers
+from vllm_keras_hub.models.text_forward import text_forward
+
+
+@dataclasses.dataclass
+class Stage:
+    """The transformer layers one pipeline stage runs, and how.
+
+    Args:
+        backbone: The KerasHub backbone (its weights may not be loaded).
+        start: The stage's first transformer layer.
+        end: One past its last.
+        rank: The stage's pipeline rank.
+        size: Stages in all.
+        model: The Keras model cut from the backbone's graph, or `None`
+            where the whole backbone runs (one stage) or the text path is
+            a loop over the layers (Gemma3 vision presets).
+        hidden_size: The width of the hidden states between layers.
+    """
+
+    backbone: object
+    start: int
+    end: int
+    rank: int
+    size: int
+    model: object = None
+    hidden_size: int = 0
+
+    @property
+    def first(self):
+        return self.rank == 0
+
+    @property
+    def last(self):
+        return self.rank == self.size - 1
+
+    @property
+    def layers(self):
+        """This stage's transformer layers."""
+        return transformer_layers(self.backbone)[self.start : self.end]
+
+    def forward(self, token_ids, padding_mask, positions, hidden=None):
+        """This stage's part of the backbone's forward pass.
+
+        Args:
+            token_ids: `(batch, length)` token ids.
+            padding_mask: `(batch, length)` ones where a token is real.
+            positions: `(batch, length)` position of each token.
+            hidden: `(batch, length, hidden_size)` hidden states from the
+                previous stage; on the first, the input embeddings of a
+                preset served with images, else `None`.
+
+        Returns:
+            `(batch, length, hidden_size)`: the backbone's final hidden
+            states on the last stage, the input of the next stage on others.
+        """
+        if self.size == 1:
+            return text_forward(
+                self.backbone, token_ids, padding_mask, positions, hidden=hidden
+            )
+        if self.model is None:
+            return text_forward(
+                self.backbone, token_ids, padding_mask, positions,
+                layers=(self.start, self.end), hidden=hidden,
+            )  # fmt: skip
+        if self.first:
+            return self.model({"token_ids": token_ids, "padding_mask": padding_mask})
+        return self.model([hidden, padding_mask])
+
+    def packed_forward(self, input_ids, positions, hidden=None):
+        """`forward` on vLLM's packed tokens of all requests.
+
+        vLLM packs the tokens of all requests into one ragged sequence. Fed
+        as a batch of one-token rows, decoder masks degenerate and only
+        vLLM's attention mixes tokens.
+
+        Args:
+            input_ids: `(num_tokens,)` token ids; `None` with embeddings.
+            positions: `(num_tokens,)` absolute position of each token.
+            hidden: `(num_tokens, hidden_size)` from the previous stage, or
+                on the first the input embeddings (images), or `None`.
+
+        Returns:
+            `(num_tokens, hidden_size)` hidden states.
+        """
+        if input_ids is None:  # Only the embeddings' rows count.
+            input_ids = torch.zeros(
+                positions.shape[-1], dtype=torch.int32, device=positions.device
+            )
+        token_ids = input_ids.reshape(-1, 1)
+        if hidden is not None:
+            hidden = hidden.reshape(-1, 1, hidden.shape[-1])
+        out = self.forward(
+            token_ids, torch.ones_like(token_ids), positions.reshape(-1, 1), hidden
+        )
+        return out[:, 0, :]
+
+    def unused_variables(self):
+        """The backbone's variables this stage never reads.
+
+        One stage uses them all. Otherwise the variables of the layers it
+        runs; of the token embedding, on the first stage its input table,
+        on the last its output projection (the same table, if tied).
+        """
+        if self.size == 1:
+            return []
+        embedding = token_embedding(self.backbone)
+        used = {
+            id(variable)
+            for layer in self._used_layers()
+            if layer is not embedding
+            for variable in layer.variables
+        }
+        if self.first or self.last:
+            used.update(id(variable) for variable in embedding.variables)
+            if not getattr(embedding, "tie_weights", True):
+                # The variables, not the `embeddings` property's value.
+                if not self.first:
+                    used.discard(id(embedding._embeddings))
+                if not self.last:
+                    used.discard(id(embedding.reverse_embeddings))
+        return [v for v in self.backbone.variables if id(v) not in used]
+
+    def _used_layers(self):
+        if self.model is not None:
+            return list(self.model._flatten_layers(include_self=False))
+        layers = list(self.layers)
+        if self.last:
+            layers.append(self.backbone.layer_norm)
+        return layers
+
+
+def _cut(backbone, start, end, last):
+    """The Keras model of the backbone's graph for layers `[start, end)`."""
+    import keras
+
+    layers = transformer_layers(backbone)
+    if start == 0:
+        inputs = backbone.input
+    else:
+        hidden = layers[start - 1].output
+        if not isinstance(hidden, keras.KerasTensor):
+            raise UnsupportedParallelismError(
+                f"{type(backbone).__name__} cannot be cut into pipeline "
+                f"stages: its layer {layers[start - 1].name} returns "
+                f"{type(hidden).__name__}, not one hidden state."
+            )
+        others = [name for name in backbone.input if name != "token_ids"]
+        if others != ["padding_mask"]:
+            raise UnsupportedParallelismError(
+                f"{type(backbone).__name__} cannot be cut into pipeline stages: "
+                f"its layers take inputs {others}, where a stage passes the "
+                "padding mask only."
+            )
+        inputs = [hidden, backbone.input["padding_mask"]]
+    outputs = backbone.output if last else layers[end - 1].output
+    try:
+        # Stateless: tracking the layers' variables would read them, and
+        # the weights may not be loaded yet.
+        with keras.StatelessScope(initialize_variables=False):
+            return keras.Model(inputs, outputs, name=f"stage_{start}_{end}")
+    except ValueError as error:
+        raise UnsupportedParallelismError(
+            f"{type(backbone).__name__} cannot be cut into pipeline stages "
+            f"between its layers {start - 1} and {start}: the layers after "
+            f"the cut need more than its hidden states and inputs ({error})."
+        ) from error
+
+
+def stage(backbone, rank=0, size=1):
+    """The pipeline stage `rank` of `size` of `backbone`.
+
+    Args:
+        backbone: A KerasHub backbone, its weights loaded or not.
+        rank: The pipeline rank.
+        size: The pipeline-parallel size.
+
+    Raises:
+        UnsupportedParallelismError: a backbone that cannot be cut.
+    """
+    from vllm.distributed.utils import get_pp_indices
+
+    layers = transformer_layers(backbone)
+    if size == 1:
+        return Stage(backbone, 0, len(layers), 0, 1)
+    reason = PIPELINE_REFUSALS.get(type(backbone).__name__)
+    if reason is not None:
+        raise UnsupportedParallelismError(
+            f"{type(backbone).__name__} cannot be served with pipeline "
+            f"parallelism: {reason}."
+        )
+    start, end = get_pp_indices(len(layers), rank, size)
+    if start == end:
+        raise UnsupportedParallelismError(
+            f"Pipeline stage {rank} of {size} would hold none of the "
+            f"{len(layers)} transformer layers; give each stage at least one "
+            "(VLLM_PP_LAYER_PARTITION)."
+        )
+    if _loop_path(backbone):
+        return Stage(backbone, start, end, rank, size, None, int(backbone.hidden_dim))
+    model = _cut(backbone, start, end, rank == size - 1)
+    return Stage(
+        backbone, start, end, rank, size, model, int(model.outputs[0].shape[-1])
+    )
+
+
+def _loop_path(backbone):
+    # `text_forward`'s own loop over the layers (no functional graph).
+    return type(backbone).__name__ == "Gemma3Backbone" and not backbone.text_only_model
+
+
+def keep_intermediate_buffer_in_eager_mode():
+    """Works around vLLM 0.32's CPU runner failing pipeline stages eagerly.
+
+    A later stage's runner receives the previous stage's hidden states into
+    a buffer (`sync_and_gather_intermediate_tensors`) that only its warm-up
+    (`_dummy_run`) creates. vLLM's CPU worker skips that warm-up in eager
+    mode (`enforce_eager`, and under `VLLM_CPU_CI_ENV`), so every later
+    stage asserted at its first step, for vLLM's own models too. This makes
+    the buffer where `_dummy_run` would have, for KerasHub models only.
+    """
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    if getattr(CPUModelRunner, "_keras_hub_buffer", False):
+        return
+    gather = CPUModelRunner.sync_and_gather_intermediate_tensors
+
+    def sync_and_gather_intermediate_tensors(self, *args, **kwargs):
+        from vllm_keras_hub.models.causal import KerasHubForCausalLM
+
+        model = self.get_model()
+        if self.intermediate_tensors is None and isinstance(model, KerasHubForCausalLM):
+            self.intermediate_tensors = model.make_empty_intermediate_tensors(
+                batch_size=self.max_num_tokens,
+                dtype=self.model_config.dtype,
+                device=self.device,
+            )
+        return gather(self, *args, **kwargs)
+
+    CPUModelRunner.sync_and_gather_intermediate_tensors = (
+        sync_and_gather_intermediate_tensors
+    )
+    CPUModelRunner._keras_hub_buffer = True
