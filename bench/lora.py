@@ -38,8 +38,8 @@ def make_adapters(preset, root):
     import numpy as np
     from safetensors.torch import save_file
 
-    from vllm_keras_hub.lora import merged as lora
     from vllm_keras_hub.lora import adapters as lora_adapters
+    from vllm_keras_hub.lora import merged as lora
 
     backbone = keras_hub.models.Backbone.from_preset(preset)
     # The layer layout, as the served conversion sees it (no LoRA enabled).
@@ -131,7 +131,7 @@ def main():
 
     backend.default_to_torch()
     size = dict(prompts=4, max_tokens=4) if args.quick else dict(prompts=16, max_tokens=16)
-    from vllm_keras_hub.smollm2 import default_cache_dir
+    from vllm_keras_hub.cache import default_cache_dir
 
     root = os.path.join(default_cache_dir(), "bench", "lora-adapters")
     setup_path = os.path.join(root, "setup.json")

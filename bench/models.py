@@ -188,9 +188,9 @@ MODELS = {
 
 
 def _cache_dir():
-    from vllm_keras_hub import smollm2
+    from vllm_keras_hub.cache import default_cache_dir
 
-    return os.path.join(smollm2.default_cache_dir(), "bench")
+    return os.path.join(default_cache_dir(), "bench")
 
 
 def prepare(model, env):

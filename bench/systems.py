@@ -180,7 +180,6 @@ class KerasGenerateSystem:
     """`CausalLM.generate()` on Keras's torch backend: one padded batch."""
 
     def __init__(self, dtype, preset, text):
-        import keras_hub
 
         from vllm_keras_hub.export.sampling import causal_lm_class
 

@@ -82,7 +82,7 @@ def test_the_cpu_default_kv_cache_is_2_gib(gemma_preset):
     """README: with no memory setting, a CPU engine gets a 2 GiB KV cache."""
     from vllm.platforms import current_platform
 
-    from vllm_keras_hub.entrypoints.llm import CPU_KV_CACHE_BYTES
+    from vllm_keras_hub.settings import CPU_KV_CACHE_BYTES
     from vllm_keras_hub.testing.engines import in_process_engine_env
 
     assert CPU_KV_CACHE_BYTES == 2 << 30
@@ -112,8 +112,8 @@ def test_the_cpu_default_kv_cache_is_2_gib(gemma_preset):
 def test_unsupported_pipeline_parallelism_is_refused_before_an_engine_starts(
     gemma_preset, tmp_path
 ):
-    from vllm_keras_hub.export.hf_config import UnsupportedParallelismError
     from vllm_keras_hub.lora.adapters import UnsupportedLoraError
+    from vllm_keras_hub.settings import UnsupportedParallelismError
 
     gemma4 = build_tiny_preset("gemma4", str(tmp_path))
     with pytest.raises(UnsupportedParallelismError, match="KV-sharing layers read"):

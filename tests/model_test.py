@@ -237,14 +237,13 @@ def test_gemma4_task_logit_cap_reaches_the_logprobs(shared, tmp_path):
     Greedy tokens cannot show it (tanh keeps the argmax); logprobs do.
     """
     import json
+    import shutil
 
     import keras
     import numpy as np
     import torch
 
     from vllm_keras_hub.export.sampling import causal_lm_class
-
-    import shutil
 
     preset = str(tmp_path / "gemma4")
     shutil.copytree(shared.preset("gemma4"), preset)

@@ -24,9 +24,9 @@ from vllm.inputs import TokensPrompt
 from tests.model_test import MAX_NEW_TOKENS
 from tests.model_test import PROMPTS
 from vllm_keras_hub.export.sampling import causal_lm_class
+from vllm_keras_hub.testing import hf_models
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
-from vllm_keras_hub.testing import hf_models
 from vllm_keras_hub.testing.tokenizers import make_tokenizer
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)

@@ -23,12 +23,12 @@ from tests.model_test import GREEDY
 from tests.model_test import MAX_NEW_TOKENS
 from tests.model_test import PROMPTS
 from vllm_keras_hub.testing import support_matrix
-from vllm_keras_hub.testing.parallel import rank_report
 from vllm_keras_hub.testing.parallel import parallel_llm
+from vllm_keras_hub.testing.parallel import rank_report
 from vllm_keras_hub.testing.parallel import stage_report
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
-from vllm_keras_hub.testing.server import end_process_group
 from vllm_keras_hub.testing.server import assert_served_greedy
+from vllm_keras_hub.testing.server import end_process_group
 from vllm_keras_hub.testing.server import free_port
 from vllm_keras_hub.testing.server import running_server
 from vllm_keras_hub.testing.server import serve_command
@@ -64,11 +64,11 @@ def _single_rank(preset):
     """The attention specs and expert widths of the whole model."""
     import keras_hub
 
-    from vllm_keras_hub.models import pipeline
-    from vllm_keras_hub.models import probe
+    from vllm_keras_hub.export.preset_folder import read_preset
     from vllm_keras_hub.layers import attention
     from vllm_keras_hub.layers import moe_routes
-    from vllm_keras_hub.export.preset_folder import read_preset
+    from vllm_keras_hub.models import pipeline
+    from vllm_keras_hub.models import probe
 
     backbone = keras_hub.models.Backbone.from_preset(preset)
     attention.install(backbone, read_preset(preset)[0])

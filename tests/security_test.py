@@ -6,8 +6,8 @@ import pathlib
 import keras
 import pytest
 
-from vllm_keras_hub.export import preset_folder
 from vllm_keras_hub.entrypoints.llm import KerasHubLLM
+from vllm_keras_hub.export import preset_folder
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.presets import build_tiny_preset
 

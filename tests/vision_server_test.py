@@ -18,10 +18,10 @@ import pytest
 from vllm_keras_hub.testing.image_oracle import gemma4_full_forward_with_images
 from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
 from vllm_keras_hub.testing.images import IMAGES
-from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
 from vllm_keras_hub.testing.server import free_port
 from vllm_keras_hub.testing.server import running_server
 from vllm_keras_hub.testing.server import serve_command
+from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
 
 MODEL = "tiny-vision"
 MAX_TOKENS = 8

@@ -12,21 +12,23 @@ import sys
 import pytest
 from vllm import SamplingParams
 
-from vllm_keras_hub.export.image_format import UnsupportedImageServingError
-from vllm_keras_hub.layers import image_attention
 from vllm_keras_hub.entrypoints.llm import KerasHubLLM
+from vllm_keras_hub.layers import image_attention
+from vllm_keras_hub.settings import UnsupportedImageServingError
 from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
 from vllm_keras_hub.testing.images import IMAGES
-from vllm_keras_hub.testing.images import assert_the_second_hits_the_prefix_cache_inside_the_image
+from vllm_keras_hub.testing.images import (
+    assert_the_second_hits_the_prefix_cache_inside_the_image,
+)
 from vllm_keras_hub.testing.images import assert_tokens
 from vllm_keras_hub.testing.images import image_positions
 from vllm_keras_hub.testing.images import request
 from vllm_keras_hub.testing.images import same_image_twice
-from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
 from vllm_keras_hub.testing.user_env import user_env
+from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
 
 MAX_NEW_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)

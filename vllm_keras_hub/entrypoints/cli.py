@@ -22,8 +22,8 @@ DEFAULT_HOST = "127.0.0.1"
 
 def _preset_of(model):
     """The preset a MODEL argument names, and the name to serve it under."""
-    from vllm_keras_hub.export import preset_folder
     from vllm_keras_hub import smollm2
+    from vllm_keras_hub.export import preset_folder
 
     if model is None:
         return smollm2.default_preset_dir(), smollm2.DEFAULT_MODEL_NAME
@@ -56,10 +56,6 @@ def _convert_lora_modules(preset, args):
 
     from vllm_keras_hub.lora import adapters as lora_adapters
 
-    if args.enable_lora:
-        lora_adapters.check_lora_serving(
-            args.tensor_parallel_size, args.pipeline_parallel_size
-        )
     for index, module in enumerate(args.lora_modules or ()):
         if lora_adapters.is_keras_hub_adapter(module.path):
             folder = lora_adapters.peft_folder(
@@ -88,16 +84,10 @@ def serve(model, vllm_argv):
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
     from vllm.logger import configure_logging_from_args
 
-    from vllm_keras_hub.export.hf_config import LOAD_FORMAT
-    from vllm_keras_hub.export.hf_config import check_hybrid_settings
-    from vllm_keras_hub.export.hf_config import check_parallelism
-    from vllm_keras_hub.export.image_format import check_image_settings
-    from vllm_keras_hub.export.image_format import image_limit
-    from vllm_keras_hub.export.image_format import needs_whole_images
-    from vllm_keras_hub.entrypoints.llm import default_kv_cache_bytes
+    from vllm_keras_hub import settings
+    from vllm_keras_hub.export.preset_folder import ModelFolder
     from vllm_keras_hub.lora.merged import adapter_loader_config
     from vllm_keras_hub.plugin import register
-    from vllm_keras_hub.export.preset_folder import ModelFolder
 
     preset, served_name = _preset_of(model)
     ours = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -107,7 +97,11 @@ def serve(model, vllm_argv):
     cli_env_setup()
     parser, command = _serve_parser()
     args = parser.parse_args(["serve", "placeholder", *vllm_argv])
-    given = {arg.split("=", 1)[0] for arg in vllm_argv}
+    given = {
+        arg.split("=", 1)[0][2:].replace("-", "_")
+        for arg in vllm_argv
+        if arg.startswith("--")
+    }
     # Reads the preset: a bad MODEL is named before any adapter of it is read.
     folder = ModelFolder(preset, max_model_len=args.max_model_len)
     if own_args.lora_weights is not None:
@@ -115,55 +109,18 @@ def serve(model, vllm_argv):
             own_args.lora_weights, args.model_loader_extra_config
         )
     try:
+        for name, value in settings.settle(folder, vars(args), given).items():
+            setattr(args, name, value)
         _convert_lora_modules(preset, args)
-        check_parallelism(
-            folder.family,
-            args.tensor_parallel_size,
-            args.pipeline_parallel_size,
-            args.enable_expert_parallel,
-        )
-        if folder.family.hybrid:
-            check_hybrid_settings(
-                speculative=args.speculative_config is not None,
-                mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
-                mamba_cache_dtype=args.mamba_cache_dtype,
-                mamba_cache_mode=args.mamba_cache_mode,
-                enable_lora=args.enable_lora,
-            )
-        if folder.images:
-            from vllm_keras_hub.scheduler import IMAGE_SCHEDULER
-
-            if needs_whole_images(folder.images):
-                if "--disable-chunked-mm-input" not in given:
-                    args.disable_chunked_mm_input = True
-                if args.scheduler_cls is None:
-                    args.scheduler_cls = IMAGE_SCHEDULER
-            check_image_settings(
-                folder.images,
-                image_limit(args.limit_mm_per_prompt),
-                args.enable_chunked_prefill is not False,
-                not args.disable_chunked_mm_input,
-                args.pipeline_parallel_size,
-                args.scheduler_cls,
-            )
         args.model = args.model_tag = folder.path
-        if args.load_format == "auto":
-            args.load_format = LOAD_FORMAT
-        if args.tokenizer_mode == "auto":
-            args.tokenizer_mode = folder.tokenizer_mode
         if args.host is None:
             args.host = DEFAULT_HOST
         if not args.served_model_name:
             args.served_model_name = [served_name]
-        if model is None and "--dtype" not in given:
+        if model is None and "dtype" not in given:
             # The default model's own (float32) weights: in bfloat16 this 135M
             # model's near-tied answers flip ("What is the capital of France?").
             args.dtype = "float32"
-        kv_cache_bytes = default_kv_cache_bytes(
-            {"--gpu-memory-utilization", "--kv-cache-memory-bytes"} & given
-        )
-        if kv_cache_bytes is not None:
-            args.kv_cache_memory_bytes = kv_cache_bytes
         configure_logging_from_args(args)
         command.validate(args)
         command.cmd(args)
@@ -190,7 +147,7 @@ def export(model, directory):
     if image and needs_whole_images(image):
         from vllm_keras_hub.scheduler import IMAGE_SCHEDULER
 
-        # What `serve` sets for such images (`image_config.check_image_settings`).
+        # What `serve` sets for such images (`settings.settle`).
         flags += f" --disable-chunked-mm-input --scheduler-cls {IMAGE_SCHEDULER}"
     print(f"Wrote {directory}. Serve it with vLLM (vllm-keras-hub installed):")
     print(f"  vllm serve {directory} {flags}")
@@ -259,13 +216,13 @@ def main(argv=None):
     else:
         args = parser.parse_args(argv)
 
-    from vllm_keras_hub.export.hf_config import UnsupportedHybridConfigError
-    from vllm_keras_hub.export.hf_config import UnsupportedParallelismError
-    from vllm_keras_hub.models.families import UnsupportedFamilyError
-    from vllm_keras_hub.export.image_format import UnsupportedImageServingError
-    from vllm_keras_hub.lora.merged import LoraAdapterError
-    from vllm_keras_hub.lora.adapters import UnsupportedLoraError
     from vllm_keras_hub.export.preset_folder import PresetError
+    from vllm_keras_hub.lora.adapters import UnsupportedLoraError
+    from vllm_keras_hub.lora.merged import LoraAdapterError
+    from vllm_keras_hub.models.families import UnsupportedFamilyError
+    from vllm_keras_hub.settings import UnsupportedHybridConfigError
+    from vllm_keras_hub.settings import UnsupportedImageServingError
+    from vllm_keras_hub.settings import UnsupportedParallelismError
 
     try:
         if args.command == "serve":

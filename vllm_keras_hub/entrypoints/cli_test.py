@@ -174,7 +174,7 @@ def bidirectional_export(tmp_path_factory):
     the printed plain-vLLM command)`."""
     import shlex
 
-    from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
+    from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
 
     root = tmp_path_factory.mktemp("bidirectional")
     preset = build_tiny_vision_preset(str(root / "preset"), "gemma4", bidirectional=True)
@@ -189,11 +189,11 @@ def test_exported_vision_folder_serves_images_with_plain_vllm(tmp_path, bidirect
     """`export` prints the flags a folder needs; with them, plain vLLM serves
     a Gemma4 preset's images, bidirectional within each image (which needs
     whole images in each step), as the oracle computes them."""
-    from vllm_keras_hub.testing.image_oracle import gemma4_full_forward_with_images
-    from vllm_keras_hub.testing.images import IMAGES
-    from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
     from tests.vision_server_test import FAMILIES
     from tests.vision_server_test import data_uri
+    from vllm_keras_hub.testing.image_oracle import gemma4_full_forward_with_images
+    from vllm_keras_hub.testing.images import IMAGES
+    from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
 
     causal = build_tiny_vision_preset(str(tmp_path / "causal"), "gemma4")
     result = run_cli("export", f"keras_hub:{causal}", str(tmp_path / "causal_folder"))
@@ -247,7 +247,7 @@ def test_plain_vllm_without_the_printed_flags_is_refused(bidirectional_export, f
     serve images split over steps."""
     import vllm
 
-    from vllm_keras_hub.export.image_format import UnsupportedImageServingError
+    from vllm_keras_hub.settings import UnsupportedImageServingError
     from vllm_keras_hub.testing.engines import TEST_ENGINE_KWARGS
     from vllm_keras_hub.testing.engines import in_process_engine_env
 

@@ -12,42 +12,12 @@ from vllm_keras_hub import backend
 # every process, for every model.)
 backend.default_to_torch()
 
-from vllm_keras_hub.lora import adapters as lora_adapters  # noqa: E402
-from vllm_keras_hub.export.hf_config import LOAD_FORMAT  # noqa: E402
-from vllm_keras_hub.export.hf_config import check_parallelism  # noqa: E402
-from vllm_keras_hub.export.hf_config import check_hybrid_settings  # noqa: E402
-from vllm_keras_hub.export.image_format import check_image_settings  # noqa: E402
-from vllm_keras_hub.export.image_format import image_limit  # noqa: E402
-from vllm_keras_hub.export.image_format import needs_whole_images  # noqa: E402
-from vllm_keras_hub.lora.merged import adapter_loader_config  # noqa: E402
-from vllm_keras_hub.plugin import register  # noqa: E402
-from vllm_keras_hub.scheduler import IMAGE_SCHEDULER  # noqa: E402
+from vllm_keras_hub import settings  # noqa: E402
 from vllm_keras_hub.export.preset_folder import ModelFolder  # noqa: E402
 from vllm_keras_hub.export.preset_folder import strip_prefix  # noqa: E402
-
-
-# vLLM's default `gpu_memory_utilization=0.92` is, on the CPU backend, a share
-# of the machine's RAM reserved up front; it fails on any machine already
-# running something. A fixed KV cache is what a CPU user wants instead.
-CPU_KV_CACHE_BYTES = 2 << 30
-
-
-def default_kv_cache_bytes(memory_settings_given):
-    """The KV-cache size to set, or `None` to leave vLLM's choice.
-
-    Args:
-        memory_settings_given: Whether the user set `gpu_memory_utilization`
-            or `kv_cache_memory_bytes` themselves.
-    """
-    from vllm.platforms import current_platform
-
-    if (
-        memory_settings_given
-        or os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-        or not current_platform.is_cpu()
-    ):
-        return None
-    return CPU_KV_CACHE_BYTES
+from vllm_keras_hub.lora import adapters as lora_adapters  # noqa: E402
+from vllm_keras_hub.lora.merged import adapter_loader_config  # noqa: E402
+from vllm_keras_hub.plugin import register  # noqa: E402
 
 
 class KerasHubLLM(vllm.LLM):
@@ -98,49 +68,11 @@ class KerasHubLLM(vllm.LLM):
                 preset, max_model_len=kwargs.get("max_model_len")
             )
             try:
-                check_parallelism(
-                    self.model_folder.family,
-                    kwargs.get("tensor_parallel_size"),
-                    kwargs.get("pipeline_parallel_size"),
-                    kwargs.get("enable_expert_parallel", False),
-                )
-                if self.model_folder.family.hybrid:
-                    check_hybrid_settings(
-                        speculative=kwargs.get("speculative_config") is not None,
-                        mamba_ssm_cache_dtype=kwargs.get("mamba_ssm_cache_dtype"),
-                        mamba_cache_dtype=kwargs.get("mamba_cache_dtype"),
-                        mamba_cache_mode=kwargs.get("mamba_cache_mode"),
-                        enable_lora=kwargs.get("enable_lora", False),
-                    )
-                image = self.model_folder.images
-                if image:
-                    if needs_whole_images(image):
-                        kwargs.setdefault("disable_chunked_mm_input", True)
-                        kwargs.setdefault("scheduler_cls", IMAGE_SCHEDULER)
-                    check_image_settings(
-                        image,
-                        image_limit(kwargs.get("limit_mm_per_prompt")),
-                        kwargs.get("enable_chunked_prefill", True) is not False,
-                        not kwargs.get("disable_chunked_mm_input", False),
-                        kwargs.get("pipeline_parallel_size"),
-                        kwargs.get("scheduler_cls"),
-                    )
-                if kwargs.get("enable_lora"):
-                    lora_adapters.check_lora_serving(
-                        kwargs.get("tensor_parallel_size"),
-                        kwargs.get("pipeline_parallel_size"),
-                    )
+                kwargs.update(settings.settle(self.model_folder, kwargs, set(kwargs)))
             except BaseException:
                 self.close()
                 raise
             model = self.model_folder.path
-            kwargs.setdefault("load_format", LOAD_FORMAT)
-            kwargs.setdefault("tokenizer_mode", self.model_folder.tokenizer_mode)
-            kv_cache_bytes = default_kv_cache_bytes(
-                {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(kwargs)
-            )
-            if kv_cache_bytes is not None:
-                kwargs["kv_cache_memory_bytes"] = kv_cache_bytes
         try:
             super().__init__(model=model, **kwargs)
         except BaseException:

@@ -1,1 +1,4 @@
-"""A KerasHub preset as a model folder vLLM opens: config, tokenizer, chat template, sampling, image format. No weights."""
+"""A KerasHub preset as a model folder vLLM opens. No weights.
+
+The folder's config, tokenizer, chat template, sampling and image format.
+"""

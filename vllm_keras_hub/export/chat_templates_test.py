@@ -2,9 +2,9 @@ import json
 
 import pytest
 
+from vllm_keras_hub import smollm2
 from vllm_keras_hub.export import chat_templates
 from vllm_keras_hub.models import families
-from vllm_keras_hub import smollm2
 
 # Each family's bos and eos strings, as its exported tokenizer names them.
 _SPECIAL_TOKENS = {

@@ -9,8 +9,8 @@ from vllm_keras_hub.export.image_format import image_fields
 from vllm_keras_hub.export.image_format import needs_whole_images
 from vllm_keras_hub.export.image_format import read_image_format
 from vllm_keras_hub.export.preset_folder import read_preset
-from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
 from vllm_keras_hub.testing.presets import build_tiny_preset
+from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
 
 
 def _fields(preset):

@@ -20,10 +20,10 @@ import weakref
 
 from vllm_keras_hub.export import chat_templates
 from vllm_keras_hub.export import hf_config as config_lib
-from vllm_keras_hub.models import families
 from vllm_keras_hub.export import image_format as image_config
 from vllm_keras_hub.export import sampling
 from vllm_keras_hub.export import tokenizer as tokenizer_export
+from vllm_keras_hub.models import families
 
 logger = logging.getLogger(__name__)
 

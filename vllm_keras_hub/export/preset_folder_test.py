@@ -7,8 +7,8 @@ import keras_hub
 import pytest
 
 from vllm_keras_hub.export import chat_templates
-from vllm_keras_hub.models import families
 from vllm_keras_hub.export import preset_folder
+from vllm_keras_hub.models import families
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import build_tiny_preset
 

@@ -8,6 +8,7 @@ rest of the serving path is shared. Only the instances of one loaded
 backbone get a route; keras-hub's classes are never modified.
 """
 
+import dataclasses
 import types
 
 from keras import ops
@@ -48,55 +49,65 @@ def token_embedding(backbone):
     return backbone.language_model.token_embedding
 
 
-# Attention-layer class name -> the family route computing its output from
-# `(layer, hidden_states, positions)`, positions shaped `(num_tokens, 1)`.
+# What an attention layer's `call` returns, as its decoder unpacks it.
+OUTPUT = "output"  # and `(output, cache)` where a cache is passed
+OUTPUT_AND_CACHE = "output_and_cache"  # even when the cache is `None`
+OUTPUT_WEIGHTS_AND_CACHE = "output_weights_and_cache"
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """How one attention-layer class hands its attention to vLLM.
+
+    Attributes:
+        forward: `forward(layer, hidden_states, positions)`, the layer's
+            output, positions shaped `(num_tokens, 1)`.
+        returns: What the class's `call` returns (`OUTPUT`, ...).
+        kv_sharing_targets: `targets(backbone)`, per layer the index of the
+            earlier layer whose K/V it reads (`None`: its own). Read once at
+            install into each layer's `_vllm_kv_sharing_target`; the serving
+            model gives that layer's vLLM `Attention` the target's cache.
+        alibi_slopes: `slopes(transformer_layer, layer)`, as vLLM adds them
+            (after the softmax scale); read at install into
+            `_vllm_alibi_slopes`.
+        sliding_window: `window(transformer_layer, layer)`, decided once at
+            install into `_vllm_sliding_window`.
+    """
+
+    forward: object
+    returns: str = OUTPUT
+    kv_sharing_targets: object = None
+    alibi_slopes: object = None
+    sliding_window: object = None
+
+
+# Attention-layer class name -> its route.
 ROUTES = {
-    "CachedMixtralAttention": routes.mixtral,
-    "QwenAttention": routes.qwen,
-    "QwenMoeAttention": routes.qwen_moe,
-    "Qwen3Attention": routes.qwen3,
-    "Qwen3MoeAttention": routes.qwen3,
-    "Qwen3_5Attention": routes.qwen3_5,
-    "SmolLM3Attention": routes.smollm3,
-    "Phi3Attention": routes.phi3,
-    "BloomAttention": routes.bloom,
-    "FalconAttention": routes.falcon,
-    "GPTNeoXAttention": routes.gpt_neox,
-    "GptOssAttention": routes.gpt_oss,
-    "Gemma3nTextAttention": gemma.gemma3n,
-    "Gemma4TextAttention": gemma.gemma4,
+    "CachedMixtralAttention": Route(routes.mixtral),
+    "QwenAttention": Route(routes.qwen),
+    "QwenMoeAttention": Route(
+        routes.qwen_moe, sliding_window=routes.qwen_moe_sliding_window
+    ),
+    "Qwen3Attention": Route(routes.qwen3),
+    "Qwen3MoeAttention": Route(routes.qwen3),
+    "Qwen3_5Attention": Route(routes.qwen3_5),
+    "SmolLM3Attention": Route(routes.smollm3),
+    "Phi3Attention": Route(routes.phi3),
+    "BloomAttention": Route(routes.bloom, alibi_slopes=routes.bloom_alibi_slopes),
+    "FalconAttention": Route(routes.falcon, alibi_slopes=routes.falcon_alibi_slopes),
+    "GPTNeoXAttention": Route(routes.gpt_neox, returns=OUTPUT_AND_CACHE),
+    "GptOssAttention": Route(routes.gpt_oss),
+    "Gemma3nTextAttention": Route(
+        gemma.gemma3n,
+        returns=OUTPUT_WEIGHTS_AND_CACHE,
+        kv_sharing_targets=gemma.gemma3n_kv_sharing_targets,
+    ),
+    "Gemma4TextAttention": Route(
+        gemma.gemma4,
+        returns=OUTPUT_AND_CACHE,
+        kv_sharing_targets=gemma.gemma4_kv_sharing_targets,
+    ),
 }
-
-# Attention-layer classes whose `call` returns `(output, cache)` even when the
-# cache is `None`, as their decoders unpack it.
-RETURNS_CACHE_ALWAYS = ("GPTNeoXAttention", "Gemma4TextAttention")
-
-# Attention-layer classes whose `call` returns `(output, weights, cache)`.
-RETURNS_WEIGHTS_AND_CACHE = ("Gemma3nTextAttention",)
-
-# Attention-layer class name -> the index of the earlier layer whose K/V
-# each layer reads (`None`: its own), from the backbone. Read once at
-# install into each layer's `_vllm_kv_sharing_target`; the route passes it
-# on, and the serving model gives that layer's vLLM `Attention` the target's
-# cache (`kv_sharing_target_layer_name`).
-KV_SHARING_TARGETS = {
-    "Gemma3nTextAttention": gemma.gemma3n_kv_sharing_targets,
-    "Gemma4TextAttention": gemma.gemma4_kv_sharing_targets,
-}
-
-# Attention-layer class name -> its ALiBi slopes, as vLLM adds them (after the
-# softmax scale), from `(transformer_layer, attention_layer)`. Read once at
-# install into the layer's `_vllm_alibi_slopes`.
-ALIBI_SLOPES = {
-    "BloomAttention": routes.bloom_alibi_slopes,
-    "FalconAttention": routes.falcon_alibi_slopes,
-}
-
-
-# Attention-layer class name -> the sliding window its route passes, decided
-# once from `(transformer_layer, attention_layer)`, read at install into the
-# layer's `_vllm_sliding_window`.
-SLIDING_WINDOWS = {"QwenMoeAttention": routes.qwen_moe_sliding_window}
 
 
 def _compute_vllm_attention(self, hidden_states, cache, vllm_context):
@@ -106,11 +117,11 @@ def _compute_vllm_attention(self, hidden_states, cache, vllm_context):
     layer as `self` of the `_compute_vllm_attention` frame.
     """
     positions = ops.reshape(vllm_context.positions, (-1, 1))
-    name = type(self).__name__
-    output = ROUTES[name](self, hidden_states, positions)
-    if name in RETURNS_WEIGHTS_AND_CACHE:
+    route = ROUTES[type(self).__name__]
+    output = route.forward(self, hidden_states, positions)
+    if route.returns == OUTPUT_WEIGHTS_AND_CACHE:
         return output, None, cache
-    if cache is not None or name in RETURNS_CACHE_ALWAYS:
+    if cache is not None or route.returns == OUTPUT_AND_CACHE:
         return output, cache
     return output
 
@@ -182,21 +193,20 @@ def install(backbone, family):
     layers = [_attention_layer(block) for block in blocks]
     targets = [None] * len(layers)
     first = next(layer for layer in layers if layer is not None)
-    kv_sharing_targets = KV_SHARING_TARGETS.get(type(first).__name__)
+    kv_sharing_targets = ROUTES[type(first).__name__].kv_sharing_targets
     if kv_sharing_targets is not None:
         targets = kv_sharing_targets(backbone)
     for transformer_layer, layer, target in zip(blocks, layers, targets, strict=True):
         if layer is None:
             continue
+        route = ROUTES[type(layer).__name__]
         layer._vllm_kv_sharing_target = target
-        alibi_slopes = ALIBI_SLOPES.get(type(layer).__name__)
-        if alibi_slopes is not None:
+        if route.alibi_slopes is not None:
             layer._vllm_alibi_slopes = tuple(
-                float(slope) for slope in alibi_slopes(transformer_layer, layer)
+                float(slope) for slope in route.alibi_slopes(transformer_layer, layer)
             )
-        sliding_window = SLIDING_WINDOWS.get(type(layer).__name__)
-        if sliding_window is not None:
-            layer._vllm_sliding_window = sliding_window(transformer_layer, layer)
+        if route.sliding_window is not None:
+            layer._vllm_sliding_window = route.sliding_window(transformer_layer, layer)
         layer._compute_vllm_attention = types.MethodType(
             _compute_vllm_attention, layer
         )

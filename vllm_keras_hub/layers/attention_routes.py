@@ -61,43 +61,35 @@ def partial_rotary(rotary, x, rotary_dim, positions):
     return ops.concatenate((rotated, x[..., rotary_dim:]), axis=-1)
 
 
-def mixtral(layer, hidden_states, positions):
-    # `CachedMixtralAttention`: a copy of Mistral's with public sublayers.
-    query = layer.rotary_embedding_layer(
-        layer.query_dense(hidden_states), positions=positions
-    )
-    key = layer.rotary_embedding_layer(
-        layer.key_dense(hidden_states), positions=positions
-    )
-    value = layer.value_dense(hidden_states)
-    output = vllm_paged_attention(
-        query,
-        key,
-        value,
-        layer._inv_norm_factor,
-        num_kv_heads=layer.num_key_value_heads,
-        sliding_window=layer.sliding_window,
-    )
-    return layer.output_dense(output)
+# The q/k/v projections' names: public (Mixtral, Qwen-MoE) or private.
+PUBLIC_QKV = ("query_dense", "key_dense", "value_dense")
+PRIVATE_QKV = ("_query_dense", "_key_dense", "_value_dense")
 
 
-def qwen(layer, hidden_states, positions):
-    # `QwenAttention` (Qwen 2/2.5). Replaces keras-hub's own route, which
-    # passes the window. KerasHub bug: `QwenAttention._compute_attention`
-    # applies `sliding_window_size` only on its non-fused path, and the fused
-    # one runs wherever `fused_attention_op_available()` (torch 2.x), so
-    # `generate()` attends to the whole context. Serve what the layer computes.
-    query = layer.rotary_embedding_layer(
-        layer._query_dense(hidden_states), positions=positions
+def rotary_qkv(layer, hidden_states, positions, names):
+    """The layer's q/k/v projections, q and k through its own rotary layer."""
+    query_dense, key_dense, value_dense = (getattr(layer, name) for name in names)
+    rotary = layer.rotary_embedding_layer
+    return (
+        rotary(query_dense(hidden_states), positions=positions),
+        rotary(key_dense(hidden_states), positions=positions),
+        value_dense(hidden_states),
     )
-    key = layer.rotary_embedding_layer(
-        layer._key_dense(hidden_states), positions=positions
+
+
+def attend(layer, query, key, value, sliding_window=None, **options):
+    """The layer's heads through vLLM, with its own scale and KV heads.
+
+    Args:
+        layer: The attention layer (`_inv_norm_factor`, `num_key_value_heads`).
+        query, key, value: Its projected (and rotated) heads.
+        sliding_window: The window as vLLM counts it, query included.
+        **options: What `paged_attention` binds (e.g. `sinks`).
+    """
+    attention = functools.partial(paged_attention, **options) if options else (
+        vllm_paged_attention
     )
-    value = layer._value_dense(hidden_states)
-    sliding_window = None
-    if layer.use_sliding_window_attention and not fused_attention_op_available():
-        sliding_window = layer.sliding_window_size
-    output = vllm_paged_attention(
+    return attention(
         query,
         key,
         value,
@@ -105,7 +97,33 @@ def qwen(layer, hidden_states, positions):
         num_kv_heads=layer.num_key_value_heads,
         sliding_window=sliding_window,
     )
-    return layer._output_dense(output)
+
+
+def unfused_window(sliding_window):
+    """The window `generate()` applies: none where it runs the fused op.
+
+    KerasHub bug: Qwen's, Qwen3's and Qwen3.5's `_compute_attention` apply
+    `sliding_window_size` only on their non-fused path, and the fused one
+    runs wherever `fused_attention_op_available()` (torch 2.x and JAX), so
+    `generate()` attends to the whole context. Served as the layer computes.
+    """
+    if fused_attention_op_available():
+        return None
+    return sliding_window or None
+
+
+def mixtral(layer, hidden_states, positions):
+    # `CachedMixtralAttention`: a copy of Mistral's with public sublayers.
+    query, key, value = rotary_qkv(layer, hidden_states, positions, PUBLIC_QKV)
+    return layer.output_dense(attend(layer, query, key, value, layer.sliding_window))
+
+
+def qwen(layer, hidden_states, positions):
+    # `QwenAttention` (Qwen 2/2.5). Replaces keras-hub's own route, which
+    # passes the window `generate()` never applies (`unfused_window`).
+    query, key, value = rotary_qkv(layer, hidden_states, positions, PRIVATE_QKV)
+    window = layer.sliding_window_size if layer.use_sliding_window_attention else None
+    return layer._output_dense(attend(layer, query, key, value, unfused_window(window)))
 
 
 def qwen_moe_sliding_window(transformer_layer, layer):
@@ -120,59 +138,31 @@ def qwen_moe_sliding_window(transformer_layer, layer):
 
 def qwen_moe(layer, hidden_states, positions):
     # `QwenMoeAttention`: Qwen's attention (q/k/v biases) with public q/k/v.
-    query = layer.rotary_embedding_layer(
-        layer.query_dense(hidden_states), positions=positions
-    )
-    key = layer.rotary_embedding_layer(
-        layer.key_dense(hidden_states), positions=positions
-    )
-    value = layer.value_dense(hidden_states)
-    output = vllm_paged_attention(
-        query,
-        key,
-        value,
-        layer._inv_norm_factor,
-        num_kv_heads=layer.num_key_value_heads,
-        sliding_window=layer._vllm_sliding_window,
-    )
-    return layer._output_dense(output)
+    query, key, value = rotary_qkv(layer, hidden_states, positions, PUBLIC_QKV)
+    window = layer._vllm_sliding_window
+    return layer._output_dense(attend(layer, query, key, value, window))
 
 
 def qwen3(layer, hidden_states, positions):
     # `Qwen3Attention` and its copy `Qwen3MoeAttention`: per-head q/k RMSNorm
     # before RoPE. Replaces keras-hub's own Qwen3 route, which passes the
-    # window that `generate()` never applies (below).
+    # window that `generate()` never applies (`unfused_window`; its HF
+    # converter also sets the window even when HF's `use_sliding_window` is
+    # off).
     query = layer._query_dense_layer_norm(layer._query_dense(hidden_states))
     query = layer.rotary_embedding_layer(query, positions=positions)
     key = layer._key_dense_layer_norm(layer._key_dense(hidden_states))
     key = layer.rotary_embedding_layer(key, positions=positions)
     value = layer._value_dense(hidden_states)
-    # KerasHub bug: `Qwen3(Moe)Attention._compute_attention` applies
-    # `sliding_window_size` only on its non-fused path, and the fused one runs
-    # wherever `fused_attention_op_available()` (torch 2.x and JAX), so
-    # `generate()` attends to the whole context. Serve what the layer computes
-    # (its HF converter also sets the window even when HF's
-    # `use_sliding_window` is off).
-    sliding_window = layer.sliding_window_size or None
-    if fused_attention_op_available():
-        sliding_window = None
-    output = vllm_paged_attention(
-        query,
-        key,
-        value,
-        layer._inv_norm_factor,
-        num_kv_heads=layer.num_key_value_heads,
-        sliding_window=sliding_window,
-    )
-    return layer._output_dense(output)
+    window = unfused_window(layer.sliding_window_size)
+    return layer._output_dense(attend(layer, query, key, value, window))
 
 
 def qwen3_5(layer, hidden_states, positions):
     # `Qwen3_5Attention` (Qwen3.5's full-attention layers): the query
     # projection carries a per-head output gate beside each head's query;
     # q/k RMSNorm, then RoPE on the first `rotary_dim` features only. The
-    # window, as for Qwen3, only on the non-fused path `generate()` never
-    # takes on torch.
+    # window as for Qwen3 (`unfused_window`).
     def rotate(x):
         return partial_rotary(layer.rotary_embedding_layer, x, layer.rotary_dim, positions)
 
@@ -181,16 +171,8 @@ def qwen3_5(layer, hidden_states, positions):
     gate = query_and_gate[..., layer.head_dim :]
     key = rotate(layer._key_norm(layer._key_dense(hidden_states)))
     value = layer._value_dense(hidden_states)
-    sliding_window = layer.sliding_window_size or None
-    if fused_attention_op_available():
-        sliding_window = None
-    output = vllm_paged_attention(
-        query,
-        key,
-        value,
-        layer._inv_norm_factor,
-        num_kv_heads=layer.num_key_value_heads,
-        sliding_window=sliding_window,
+    output = attend(
+        layer, query, key, value, unfused_window(layer.sliding_window_size)
     )
     num_tokens = ops.shape(hidden_states)[0]
     output = ops.reshape(output, (num_tokens, 1, -1)) * ops.sigmoid(
@@ -227,14 +209,7 @@ def smollm3(layer, hidden_states, positions):
         cos = ops.cos(embedding) * rotary.attention_scaling
         sin = ops.sin(embedding) * rotary.attention_scaling
         query, key = apply_rotary_pos_emb(query, key, cos, sin, expansion_axis=2)
-    output = vllm_paged_attention(
-        query,
-        key,
-        value,
-        layer._inv_norm_factor,
-        num_kv_heads=layer.num_key_value_heads,
-    )
-    return layer.o_proj(output)
+    return layer.o_proj(attend(layer, query, key, value))
 
 
 def phi3_su_rotary(rotary, inputs, positions):
@@ -279,14 +254,7 @@ def phi3(layer, hidden_states, positions):
     else:
         query = layer.rotary_embedding_layer(query, positions=positions)
         key = layer.rotary_embedding_layer(key, positions=positions)
-    output = vllm_paged_attention(
-        query,
-        key,
-        value,
-        layer._inv_norm_factor,
-        num_kv_heads=layer.num_key_value_heads,
-    )
-    return layer.output_dense(output)
+    return layer.output_dense(attend(layer, query, key, value))
 
 
 def alibi_attention(layer, hidden_states, dense_layers):
@@ -374,13 +342,12 @@ def gpt_oss(layer, hidden_states, positions):
     # keeps `sliding_window`, and windows the even layers where KerasHub
     # windows the odd ones). Served as KerasHub computes it.
     sliding_window = layer.sliding_window + 1 if layer.sliding_window else None
-    output = paged_attention(
+    output = attend(
+        layer,
         rotate(layer.query_dense(hidden_states)),
         rotate(layer.key_dense(hidden_states)),
         layer.value_dense(hidden_states),
-        layer._inv_norm_factor,
-        num_kv_heads=layer.num_key_value_heads,
-        sliding_window=sliding_window,
+        sliding_window,
         sinks=ops.convert_to_tensor(layer.sinks),
     )
     return layer.output_dense(output)

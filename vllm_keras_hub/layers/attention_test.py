@@ -5,14 +5,15 @@ import pytest
 import torch
 from keras_hub.src.vllm.context import vllm_context_scope
 
-from vllm_keras_hub.models import families
 from vllm_keras_hub.layers import attention
 from vllm_keras_hub.layers import attention_routes
 from vllm_keras_hub.layers import state_routes
+from vllm_keras_hub.layers import step
 from vllm_keras_hub.layers.attention import transformer_layers
+from vllm_keras_hub.models import families
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
-from vllm_keras_hub.testing.presets import backbone_kwargs
 from vllm_keras_hub.testing.presets import WINDOW
+from vllm_keras_hub.testing.presets import backbone_kwargs
 
 OUR_BACKBONES = {
     family.backbone for family in families.FAMILIES if family.route == "vllm_keras_hub"
@@ -125,7 +126,7 @@ def served_hidden_states(backbone, paged_attention, token_ids=None):
         paged_attention_func=paged_attention,
         positions=torch.arange(num_tokens),
         kv_caches=kv_caches(backbone),
-    ), state_routes.state_scope(whole_sequence_state):
+    ), step.scope(states=whole_sequence_state):
         return hidden_states(
             backbone, np.asarray(token_ids)[:, None], np.arange(num_tokens)[:, None]
         )

@@ -20,14 +20,13 @@ model's `embed_input_ids` before each step (`set_step`); the second call is
 the custom op `vllm_keras_hub::image_attention`, opaque to torch.compile.
 """
 
-import dataclasses
-
 import torch
 from vllm.forward_context import get_forward_context
 from vllm.utils.torch_utils import LayerNameType
 from vllm.utils.torch_utils import _encode_layer_name
 from vllm.utils.torch_utils import _resolve_layer_name
 
+from vllm_keras_hub.layers import step
 from vllm_keras_hub.layers.custom_ops import register_output_op
 
 
@@ -37,20 +36,6 @@ class ImageSplitError(RuntimeError):
 
 class ImageMaskError(RuntimeError):
     """A step's image mask does not fit the step; its attention cannot be exact."""
-
-
-@dataclasses.dataclass
-class _Step:
-    # `(num_tokens,)` bool on the CPU: True at image soft tokens.
-    is_image: object = None
-    # The forward context's attention metadata of the step the mask is
-    # for, bound at its first layer.
-    metadata: object = None
-    # id(a layer's attention metadata) -> its image spans, once per step.
-    spans: dict = dataclasses.field(default_factory=dict)
-
-
-_STEP = _Step()
 
 
 _MARK = "_keras_hub_bidirectional_images"
@@ -80,9 +65,10 @@ def set_step(is_multimodal):
     is_image = None
     if is_multimodal is not None and bool(is_multimodal.any()):
         is_image = is_multimodal.to("cpu", torch.bool)
-    _STEP.is_image = is_image
-    _STEP.metadata = None
-    _STEP.spans = {}
+    context = step.current()
+    context.is_image = is_image
+    context.image_metadata = None
+    context.image_spans = {}
 
 
 def image_spans(is_image, query_start_loc, seq_lens):
@@ -184,27 +170,28 @@ def step_spans(context, layer_name):
         ImageMaskError: the image mask set for this step does not have one
             flag per token of it.
     """
-    if context.attn_metadata is None or _STEP.is_image is None:
+    current = step.current()
+    if context.attn_metadata is None or current.is_image is None:
         return []
-    if _STEP.metadata is None:
-        _STEP.metadata = context.attn_metadata
-    elif _STEP.metadata is not context.attn_metadata:
+    if current.image_metadata is None:
+        current.image_metadata = context.attn_metadata
+    elif current.image_metadata is not context.attn_metadata:
         # A step whose tokens vLLM did not embed (`set_step` marks each it
         # does): its warm-up and profiling runs, which carry no images.
         return []
     metadata = context.attn_metadata[layer_name]
-    if len(_STEP.is_image) != metadata.num_actual_tokens:
+    if len(current.is_image) != metadata.num_actual_tokens:
         raise ImageMaskError(
-            f"The step's image mask has {len(_STEP.is_image)} flags for "
+            f"The step's image mask has {len(current.is_image)} flags for "
             f"{metadata.num_actual_tokens} tokens; its images cannot be "
             "attended exactly."
         )
     key = id(metadata)
-    if key not in _STEP.spans:
-        _STEP.spans[key] = image_spans(
-            _STEP.is_image, metadata.query_start_loc.cpu(), metadata.seq_lens.cpu()
+    if key not in current.image_spans:
+        current.image_spans[key] = image_spans(
+            current.is_image, metadata.query_start_loc.cpu(), metadata.seq_lens.cpu()
         )
-    return _STEP.spans[key]
+    return current.image_spans[key]
 
 
 def _attend_within(layer, metadata, queries, output, spans):

@@ -24,13 +24,12 @@ them, and each weight is held once, in the layout vLLM's kernel prepacks
 at load.
 """
 
-import contextlib
 import dataclasses
 import functools
 
 import torch
 
-_step = None
+from vllm_keras_hub.layers import step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,22 +57,6 @@ class MoESpec:
     expert_weights_class: type | None = None
 
 
-@contextlib.contextmanager
-def experts_scope(experts):
-    """Routes every MoE block's experts to `experts` inside the block.
-
-    Args:
-        experts: `experts(block, hidden_states, routing)` returns the
-            weighted sum of the chosen experts' outputs, `(tokens, hidden)`.
-    """
-    global _step
-    previous, _step = _step, experts
-    try:
-        yield
-    finally:
-        _step = previous
-
-
 def fused_experts(block, hidden_states, routing):
     """The experts of `block` on `hidden_states`, combined by `routing`.
 
@@ -83,12 +66,13 @@ def fused_experts(block, hidden_states, routing):
         routing: `(tokens, experts)` routing weights, zero where a token
             does not use an expert.
     """
-    if _step is None:
+    experts = step.current().experts
+    if experts is None:
         raise RuntimeError(
             f"{block.name}'s experts run on vLLM's fused MoE and Keras's copy "
             "of their weights is freed: the block runs only in a served step."
         )
-    return _step(block, hidden_states, routing)
+    return experts(block, hidden_states, routing)
 
 
 def _chosen_experts(
@@ -156,43 +140,3 @@ def load(runner, weights):
         param.weight_loader(
             param, tensor.to(param.dtype), name, shard_id=shard_id, expert_id=expert_id
         )
-
-
-def build_experts(blocks, prefix, dtype, weights):
-    """A vLLM `FusedMoE` per routed block, holding the block's experts.
-
-    The experts go from the preset into vLLM's weight loader, which keeps
-    this rank's share; Keras never holds them. Call inside
-    `set_current_vllm_config`.
-
-    Args:
-        blocks: The routed blocks this rank serves, from `install`.
-        prefix: Name prefix of the `FusedMoE` layers, e.g. `"moe."`.
-        dtype: The experts' torch dtype.
-        weights: The backbone's `PresetWeights`.
-
-    Returns:
-        The `MoERunner`s, one per block; each block records its index.
-    """
-    from vllm.logger import init_logger
-
-    from vllm_keras_hub.layers.moe_routes import route_of
-
-    runners = []
-    for index, block in enumerate(blocks):
-        route = route_of(block)
-        runner = build(
-            route.spec(block),
-            f"{prefix}{index}",
-            dtype,
-            expert_scale=route.expert_scale(block, weights.read),
-        )
-        load(runner, route.weights(block, weights.read))
-        weights.release(route.variables(block))
-        block._vllm_moe_index = index
-        runners.append(runner)
-    if runners:
-        init_logger(__name__).info(
-            "%d KerasHub MoE blocks run on vLLM's fused MoE", len(runners)
-        )
-    return runners

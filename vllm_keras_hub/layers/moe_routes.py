@@ -379,3 +379,41 @@ def _record_gemma4_top_k(backbone, blocks):
         bank = getattr(layer, "moe_expert_bank", None)
         if bank is not None and id(bank) in banks:
             bank._gemma4_top_k = layer.moe_router.num_experts_per_token
+
+
+def build_experts(blocks, prefix, dtype, weights):
+    """A vLLM `FusedMoE` per routed block, holding the block's experts.
+
+    The experts go from the preset into vLLM's weight loader, which keeps
+    this rank's share; Keras never holds them. Call inside
+    `set_current_vllm_config`.
+
+    Args:
+        blocks: The routed blocks this rank serves, from `install`.
+        prefix: Name prefix of the `FusedMoE` layers, e.g. `"moe."`.
+        dtype: The experts' torch dtype.
+        weights: The backbone's `PresetWeights`.
+
+    Returns:
+        The `MoERunner`s, one per block; each block records its index.
+    """
+    from vllm.logger import init_logger
+
+    runners = []
+    for index, block in enumerate(blocks):
+        route = route_of(block)
+        runner = moe.build(
+            route.spec(block),
+            f"{prefix}{index}",
+            dtype,
+            expert_scale=route.expert_scale(block, weights.read),
+        )
+        moe.load(runner, route.weights(block, weights.read))
+        weights.release(route.variables(block))
+        block._vllm_moe_index = index
+        runners.append(runner)
+    if runners:
+        init_logger(__name__).info(
+            "%d KerasHub MoE blocks run on vLLM's fused MoE", len(runners)
+        )
+    return runners

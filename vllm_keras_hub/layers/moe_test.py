@@ -15,6 +15,7 @@ from keras import ops
 
 from vllm_keras_hub.layers import moe
 from vllm_keras_hub.layers import moe_routes
+from vllm_keras_hub.layers import step
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import backbone_kwargs
 from vllm_keras_hub.testing.presets import randomize_constant_moe_weights
@@ -127,7 +128,7 @@ def test_route_gives_the_blocks_own_output(vllm_config, family, dtype):
         runner = served_block(vllm_config, block, dtype)
         with set_current_vllm_config(vllm_config), set_forward_context(
             None, vllm_config
-        ), moe.experts_scope(lambda b, x, routing: runner(x, routing)):
+        ), step.scope(experts=lambda b, x, routing: runner(x, routing)):
             served = first_output(block(*inputs))
     assert served.shape == expected.shape and served.dtype == expected.dtype
     # The experts contribute (as initialised, Gemma4's would give zeros).

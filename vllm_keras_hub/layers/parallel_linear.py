@@ -24,9 +24,9 @@ a lookup needs no all-reduce.
 
 import math
 
-from vllm_keras_hub.export.hf_config import UnsupportedParallelismError
 from vllm_keras_hub.layers import linear
 from vllm_keras_hub.layers import moe_routes
+from vllm_keras_hub.settings import UnsupportedParallelismError
 
 # Sublayer names, by what the sublayer is in its attention or decoder layer.
 QUERY = ("_query_dense", "query_dense")

@@ -15,30 +15,17 @@ layer's first call with per-token integer positions (the start-up probe)
 and shared by layers with the same settings. Calls with integer positions
 then gather rows of it; any other call runs KerasHub's method.
 
-Inside a served step (`step_scope`) every rotary call sees the step's
-positions (each route reshapes vLLM's), so the rows gathered for a table
-are gathered once a step and shared by all layers and by queries and keys:
-one gather in the compiled graph instead of two a layer.
+Inside a served step (`step.scope(rotary_rows={})`) every rotary call
+sees the step's positions (each route reshapes vLLM's), so the rows gathered
+for a table are gathered once a step and shared by all layers and by queries
+and keys: one gather in the compiled graph instead of two a layer.
 """
-
-import contextlib
 
 import torch
 
+from vllm_keras_hub.layers import step
+
 _TABLE_CLASSES = {}
-# The step's gathered cos/sin per table and layout, inside `step_scope`.
-_step_rows = None
-
-
-@contextlib.contextmanager
-def step_scope():
-    """Shares the gathered cos/sin of each table within one served step."""
-    global _step_rows
-    previous, _step_rows = _step_rows, {}
-    try:
-        yield
-    finally:
-        _step_rows = previous
 
 
 def _compute_cos_sin_embedding(self, inputs, start_index=0, positions=None):
@@ -50,13 +37,13 @@ def _compute_cos_sin_embedding(self, inputs, start_index=0, positions=None):
         if torch.compiler.is_compiling():
             return self._keras_cos_sin(inputs, start_index, positions)
         tables[key] = _table(self, inputs)
-    step = _step_rows
-    if step is None:
+    rows = step.current().rotary_rows
+    if rows is None:
         return _gather(tables[key], inputs, positions)
     layout = (key, inputs.ndim, positions.ndim)
-    if layout not in step:
-        step[layout] = _gather(tables[key], inputs, positions)
-    return step[layout]
+    if layout not in rows:
+        rows[layout] = _gather(tables[key], inputs, positions)
+    return rows[layout]
 
 
 def _gather(table, inputs, positions):

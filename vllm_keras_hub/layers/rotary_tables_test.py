@@ -4,9 +4,7 @@ import keras
 import pytest
 import torch
 from keras_hub.src.layers.modeling.rotary_embedding import RotaryEmbedding
-from keras_hub.src.models.phi3.phi3_rotary_embedding import (
-    Phi3SuScaledRotaryEmbedding,
-)
+from keras_hub.src.models.phi3.phi3_rotary_embedding import Phi3SuScaledRotaryEmbedding
 
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.direct_calls_test import serving_step
@@ -96,7 +94,7 @@ def test_one_gather_per_step_for_queries_keys_and_every_layer():
     """Inside a served step, the rows for the step's positions are gathered
     once and shared: KerasHub's own results, and in the compiled graph one
     index per table instead of two a layer."""
-    from vllm_keras_hub.layers.rotary_tables import step_scope
+    from vllm_keras_hub.layers import step as served_step
 
     backbone = tiny_gemma("float32")
     rotaries = [layer.attention.rope_layer for layer in backbone.transformer_layers]
@@ -105,7 +103,7 @@ def test_one_gather_per_step_for_queries_keys_and_every_layer():
     positions = torch.tensor([[4], [0], [7], [2], [9]])
 
     def step():
-        with step_scope():
+        with served_step.scope(rotary_rows={}):
             return [
                 (rotary(q, positions=positions), rotary(k, positions=positions))
                 for rotary, q, k in zip(rotaries, queries, keys, strict=True)

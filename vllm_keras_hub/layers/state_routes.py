@@ -3,41 +3,28 @@
 A hybrid backbone (Qwen3.5) mixes attention layers with Gated DeltaNet
 layers, which keep a per-request state instead of a KV cache. `install`
 gives each GDN layer of the loaded backbone a route: while our model serves
-a step (`state_scope`), the layer's `call` hands its hidden states to
-the `GatedDeltaNetState` built for it (`build`), which keeps the layer's
+a step (`step.scope(states=...)`), the layer's `call` hands its hidden
+states to the `GatedDeltaNetState` built for it (`build`), which keeps the layer's
 state in vLLM's state cache. Outside a served step the layer runs its own
 `call`. Only the instances of one loaded backbone get a route.
 """
 
-import contextlib
 import types
+
+from vllm_keras_hub.layers import step
 
 # KerasHub layer classes that keep a recurrent state, not a KV cache.
 STATE_LAYERS = ("Qwen3_5GatedDeltaNet",)
 
 
-_step = None
-
-
-@contextlib.contextmanager
-def state_scope(step):
-    """Routes every GDN layer to `step(layer, hidden_states)` in the block."""
-    global _step
-    previous, _step = _step, step
-    try:
-        yield
-    finally:
-        _step = previous
-
-
 def serving():
     """Whether a served step (or the start-up probe) is routing GDN layers."""
-    return _step is not None
+    return step.current().states is not None
 
 
 def gated_delta_net(layer, hidden_states):
     """The GDN layer `layer`'s output on `(num_tokens, 1, hidden)` tokens."""
-    return _step(layer, hidden_states)
+    return step.current().states(layer, hidden_states)
 
 
 def state_layer(transformer_layer):

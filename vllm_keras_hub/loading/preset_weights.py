@@ -74,7 +74,6 @@ def unloaded_backbone(preset, dtype):
     """
     import keras
     import keras_hub
-
     from keras.src.backend.common import global_state
 
     before = list(global_state.get_global_attribute("uninitialized_variables") or [])

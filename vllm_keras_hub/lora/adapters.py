@@ -208,7 +208,7 @@ def write_peft_folder(converted, directory):
 
 
 def _cache_root():
-    from vllm_keras_hub.smollm2 import default_cache_dir
+    from vllm_keras_hub.cache import default_cache_dir
 
     return os.path.join(default_cache_dir(), "lora")
 

@@ -17,19 +17,18 @@ import keras_hub
 import numpy as np
 import pytest
 import torch
-
 from vllm.lora.request import LoRARequest
 
+from tests.model_test import GREEDY
+from tests.model_test import MAX_NEW_TOKENS
+from tests.model_test import PROMPTS
 from vllm_keras_hub import KerasHubLLM
-from vllm_keras_hub.lora import merged as lora
-from vllm_keras_hub.lora import adapters as lora_adapters
 from vllm_keras_hub.entrypoints.cli_test import ENGINE_STARTED
 from vllm_keras_hub.entrypoints.cli_test import run_cli
 from vllm_keras_hub.layers import linear
 from vllm_keras_hub.layers import lora_linear
-from tests.model_test import GREEDY
-from tests.model_test import MAX_NEW_TOKENS
-from tests.model_test import PROMPTS
+from vllm_keras_hub.lora import adapters as lora_adapters
+from vllm_keras_hub.lora import merged as lora
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing.lora import fine_tune_lora

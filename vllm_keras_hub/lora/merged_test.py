@@ -15,14 +15,14 @@ import pytest
 import torch
 from vllm.platforms import current_platform
 
-from vllm_keras_hub import KerasHubLLM
-from vllm_keras_hub.lora import merged as lora
-from vllm_keras_hub.entrypoints.cli_test import ENGINE_STARTED
-from vllm_keras_hub.entrypoints.cli_test import run_cli
 from tests.model_test import CHUNK
 from tests.model_test import GREEDY
 from tests.model_test import MAX_NEW_TOKENS
 from tests.model_test import PROMPTS
+from vllm_keras_hub import KerasHubLLM
+from vllm_keras_hub.entrypoints.cli_test import ENGINE_STARTED
+from vllm_keras_hub.entrypoints.cli_test import run_cli
+from vllm_keras_hub.lora import merged as lora
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing.lora import fine_tune_lora

@@ -20,6 +20,8 @@ Dense/EinsumDense matmuls run on the weights prepacked for vLLM's CPU GEMM,
 as vLLM's own linear layers do (`layers/linear.py`).
 """
 
+import contextlib
+
 from vllm_keras_hub.backend import require_torch_backend
 
 # Before anything below imports Keras: a clear error for another backend.
@@ -37,30 +39,33 @@ from vllm.model_executor.models.utils import make_empty_intermediate_tensors_fac
 from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 
-from vllm_keras_hub.models import families
-from vllm_keras_hub.lora import merged as lora
-from vllm_keras_hub.lora import adapters as lora_adapters
-from vllm_keras_hub.models import pipeline
-from vllm_keras_hub.loading import preset_weights
-from vllm_keras_hub.models import probe
+from vllm_keras_hub import settings
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
-from vllm_keras_hub.vllm_fixes.saved_compile import load_saved_compiles
 from vllm_keras_hub.export.hf_config import LOAD_FORMAT
-from vllm_keras_hub.export.hf_config import check_parallelism
 from vllm_keras_hub.layers import attention as attention_layers
 from vllm_keras_hub.layers import image_attention
 from vllm_keras_hub.layers import lora_linear
-from vllm_keras_hub.layers import moe
 from vllm_keras_hub.layers import moe_routes
 from vllm_keras_hub.layers import parallel_linear
 from vllm_keras_hub.layers import state_routes
+from vllm_keras_hub.layers import step
 from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
-from vllm_keras_hub.layers import rotary_tables
 from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
+from vllm_keras_hub.loading import preset_weights
 from vllm_keras_hub.loading.load_format import backbone_dtype
 from vllm_keras_hub.loading.load_format import task_final_logit_cap
+from vllm_keras_hub.lora import adapters as lora_adapters
+from vllm_keras_hub.lora import merged as lora
+from vllm_keras_hub.models import families
+from vllm_keras_hub.models import pipeline
+from vllm_keras_hub.models import probe
 from vllm_keras_hub.models.probe import RouteError
+from vllm_keras_hub.vllm_fixes.pipeline_eager_buffer import (
+    keep_intermediate_buffer_in_eager_mode,
+)
+from vllm_keras_hub.vllm_fixes.punica_zero_slot import keep_a_zero_slot
+from vllm_keras_hub.vllm_fixes.saved_compile import load_saved_compiles
 
 logger = init_logger(__name__)
 
@@ -95,6 +100,8 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
 
     # Whether `forward` takes `inputs_embeds` (presets served with images).
     takes_embeddings = False
+    # The preset's image format (`export/image_format.py`); `None`: text only.
+    image = None
 
     def __init__(self, *, vllm_config, prefix=""):
         super().__init__()
@@ -110,20 +117,10 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         self.family = families.family_by_name(hf_config.keras_hub_family)
         families.family_for_backbone(self.family.backbone, hf_config.keras_hub_preset)
         # Plain vLLM reaches here without `KerasHubLLM`'s or `serve`'s check.
+        settings.check(self.family, self.image, settings.engine_values(vllm_config))
         parallel_config = vllm_config.parallel_config
-        check_parallelism(
-            self.family,
-            parallel_config.tensor_parallel_size,
-            parallel_config.pipeline_parallel_size,
-            parallel_config.enable_expert_parallel,
-        )
-        if vllm_config.lora_config is not None:
-            lora_adapters.check_lora_serving(
-                parallel_config.tensor_parallel_size,
-                parallel_config.pipeline_parallel_size,
-            )
         if parallel_config.pipeline_parallel_size > 1 and current_platform.is_cpu():
-            pipeline.keep_intermediate_buffer_in_eager_mode()
+            keep_intermediate_buffer_in_eager_mode(KerasHubForCausalLM)
         self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
             ["hidden_states"], hf_config.hidden_size
         )
@@ -184,20 +181,52 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
             weights.close()
 
     def _load(self, backbone, weights, lora_weights):
+        self._dtype = self.vllm_config.model_config.dtype
+        self._check_backbone(backbone)
+        stage = self._own_stage(backbone, weights)
+        if lora_weights is not None:
+            self._merge_adapter(backbone, weights, lora_weights)
+        state_layers, moe_blocks = self._install_routes(backbone, stage)
+        with self._vllm_scope():
+            self._build_shards(stage, weights, moe_blocks)
+        weights.finish()
+        # After the weights are loaded: a state layer copies its small ones.
+        with self._vllm_scope():
+            self._build_states_and_adapters(backbone, stage, state_layers, moe_blocks)
+        routes = self._probe(stage, state_layers, moe_blocks)
+        self.backbone = backbone
+        self._use_cpu_gemm(backbone, stage)
+        with self._vllm_scope():
+            self._build_attention(stage, routes)
+        self.stage = stage
+        self._final_logit_cap = task_final_logit_cap(self.preset)
+
+    def _vllm_scope(self):
+        """Where vLLM layers are built: this engine's config and device."""
+        device = self.vllm_config.device_config.device
+        scope = contextlib.ExitStack()
+        scope.enter_context(set_current_vllm_config(self.vllm_config))
+        scope.enter_context(torch.device(device))
+        return scope
+
+    def _own_stage(self, backbone, weights):
+        """This rank's pipeline stage; the other stages' weights are never read."""
         from vllm.distributed import get_pp_group
 
-        model_config = self.vllm_config.model_config
-        self._dtype = model_config.dtype
-        self._check_backbone(backbone)
         pp = get_pp_group()
         stage = pipeline.stage(backbone, pp.rank_in_group, pp.world_size)
         weights.release(stage.unused_variables())
-        if lora_weights is not None:
-            rank = lora.load_adapter(backbone, lora_weights, weights)
-            logger.info(
-                "LoRA adapter %s (rank %d): %d layers merged into their kernels",
-                lora_weights, rank, lora.merge_lora(backbone),
-            )  # fmt: skip
+        return stage
+
+    def _merge_adapter(self, backbone, weights, lora_weights):
+        rank = lora.load_adapter(backbone, lora_weights, weights)
+        logger.info(
+            "LoRA adapter %s (rank %d): %d layers merged into their kernels",
+            lora_weights, rank, lora.merge_lora(backbone),
+        )  # fmt: skip
+
+    def _install_routes(self, backbone, stage):
+        """Points the stage's layers at vLLM; returns its state layers, MoE blocks."""
         state_layers = state_routes.install(stage.layers)
         attention_layers.install(backbone, self.family)
         moe_blocks = moe_routes.install(
@@ -206,60 +235,65 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         use_direct_calls(backbone)
         if stage.model is not None:
             use_direct_calls(stage.model)
-        use_rotary_tables(backbone, model_config.max_model_len)
+        use_rotary_tables(backbone, self.vllm_config.model_config.max_model_len)
         substitute_keras_helpers()
-        device = self.vllm_config.device_config.device
-        with set_current_vllm_config(self.vllm_config), torch.device(device):
-            linears, self.lm_head, self.logits_processor = parallel_linear.shard_stage(
-                stage, weights, self.prefix
+        return state_layers, moe_blocks
+
+    def _build_shards(self, stage, weights, moe_blocks):
+        """vLLM's parallel linears and fused experts, each holding this rank's shard."""
+        linears, self.lm_head, self.logits_processor = parallel_linear.shard_stage(
+            stage, weights, self.prefix
+        )
+        self.parallel_linears = nn.ModuleList(linears)
+        self.moe = nn.ModuleList(
+            moe_routes.build_experts(
+                moe_blocks, f"{self.prefix}moe.", self._dtype, weights
             )
-            self.parallel_linears = nn.ModuleList(linears)
-            self.moe = nn.ModuleList(
-                moe.build_experts(
-                    moe_blocks, f"{self.prefix}moe.", model_config.dtype, weights
-                )
-            )
+        )
         self.moe_blocks = moe_blocks
-        weights.finish()
-        # Loaded weights: a state layer on vLLM's kernels copies small ones.
-        with set_current_vllm_config(self.vllm_config), torch.device(device):
-            self.states = nn.ModuleList(
-                state_routes.build(
-                    state_layers, f"{self.prefix}state.", model_config.dtype, stage.start
-                )
+
+    def _build_states_and_adapters(self, backbone, stage, state_layers, moe_blocks):
+        self.states = nn.ModuleList(
+            state_routes.build(
+                state_layers, f"{self.prefix}state.", self._dtype, stage.start
             )
+        )
         if self.vllm_config.lora_config is not None:
-            with set_current_vllm_config(self.vllm_config), torch.device(device):
-                self.lora_layers = self._lora_layers(backbone, moe_blocks)
+            self.lora_layers = self._lora_layers(backbone, moe_blocks)
+
+    def _probe(self, stage, state_layers, moe_blocks):
+        """One token through the stage: every layer must route to vLLM."""
         routes = probe.run(stage)
         probe.check_attention_routes(routes, stage.layers, self._name)
         probe.check_moe_routes(routes, moe_blocks, self._name)
         probe.check_state_routes(routes, state_layers, self._name)
         probe.check_kv_sharing(routes.specs)
-        self.backbone = backbone
-        if current_platform.is_cpu():
-            self.cpu_gemm_layers = use_vllm_cpu_gemm(
-                backbone, lambda: self._serving_step(stage)
-            )
-            logger.info(
-                "%d KerasHub matmul layers run on vLLM's CPU GEMM",
-                self.cpu_gemm_layers,
-            )
-        attending = attention_layers.attention_indices(stage.layers)
-        self.attending_layers = [stage.start + index for index in attending]
-        with set_current_vllm_config(self.vllm_config), torch.device(device):
-            self.attention = nn.ModuleList(
-                attention_layers.build(
-                    routes.specs,
-                    f"{self.prefix}attention.",
-                    self.vllm_config.cache_config,
-                    self.attending_layers,
-                )
-            )
-        self.stage = stage
-        self._final_logit_cap = task_final_logit_cap(self.preset)
         self.attention_specs = routes.specs
         self._route_layers = routes.attention_layers
+        return routes
+
+    def _use_cpu_gemm(self, backbone, stage):
+        if not current_platform.is_cpu():
+            return
+        self.cpu_gemm_layers = use_vllm_cpu_gemm(
+            backbone, lambda: self._serving_step(stage)
+        )
+        logger.info(
+            "%d KerasHub matmul layers run on vLLM's CPU GEMM", self.cpu_gemm_layers
+        )
+
+    def _build_attention(self, stage, routes):
+        """One vLLM `Attention` per attending layer of the stage."""
+        attending = attention_layers.attention_indices(stage.layers)
+        self.attending_layers = [stage.start + index for index in attending]
+        self.attention = nn.ModuleList(
+            attention_layers.build(
+                routes.specs,
+                f"{self.prefix}attention.",
+                self.vllm_config.cache_config,
+                self.attending_layers,
+            )
+        )
 
     def _check_backbone(self, backbone):
         """Raises for a backbone this model class cannot serve exactly."""
@@ -285,13 +319,13 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         """vLLM's `LoRAModelManager` of this model.
 
         vLLM sets it once it has wrapped the LoRA layers, which is when
-        they get their zero slot (`lora_linear.keep_a_zero_slot`).
+        they get their zero slot (`keep_a_zero_slot`).
         """
         return self.__dict__.get("_lora_manager")
 
     @lora_manager.setter
     def lora_manager(self, manager):
-        lora_linear.keep_a_zero_slot(manager)
+        keep_a_zero_slot(manager)
         self.__dict__["_lora_manager"] = manager
 
     def embed_input_ids(self, input_ids):
@@ -350,9 +384,7 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
                 positions=positions,
                 kv_caches=self.attention,
             ),
-            moe.experts_scope(experts),
-            state_routes.state_scope(state_step),
-            rotary_tables.step_scope(),
+            step.scope(experts=experts, states=state_step, rotary_rows={}),
         ):
             hidden_states = self.stage.packed_forward(input_ids, positions, hidden)
         # A step that routed differently from the start-up probe (a layer

@@ -84,7 +84,7 @@ FAMILIES = (
         "gpt_oss", "GPT-OSS", "GptOssBackbone", "vllm_keras_hub", tensor_parallel=True
     ),
     # KV sharing: the last `num_kv_shared_layers` layers attend over an
-    # earlier layer's cache (layers.attention.KV_SHARING_TARGETS).
+    # earlier layer's cache (`layers.attention.ROUTES`).
     Family(
         "gemma3n", "Gemma3n", "Gemma3nBackbone", "vllm_keras_hub", ("<end_of_turn>",)
     ),

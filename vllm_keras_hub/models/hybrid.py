@@ -14,7 +14,6 @@ serving itself is `KerasHubForCausalLM`'s, with its `state.` layers
 from vllm.model_executor.models.interfaces import HasInnerState
 from vllm.model_executor.models.interfaces import IsHybrid
 
-from vllm_keras_hub.export.hf_config import check_hybrid_settings
 from vllm_keras_hub.models.causal import KerasHubForCausalLM
 
 
@@ -38,18 +37,6 @@ class KerasHubHybridForCausalLM(KerasHubForCausalLM, IsHybrid, HasInnerState):
         vllm_config: The engine's `VllmConfig`.
         prefix: Module prefix vLLM gives the model.
     """
-
-    def __init__(self, *, vllm_config, prefix=""):
-        # Plain vLLM reaches here without `KerasHubLLM`'s or `serve`'s check.
-        cache_config = vllm_config.cache_config
-        check_hybrid_settings(
-            speculative=vllm_config.speculative_config is not None,
-            mamba_ssm_cache_dtype=cache_config.mamba_ssm_cache_dtype,
-            mamba_cache_dtype=cache_config.mamba_cache_dtype,
-            mamba_cache_mode=cache_config.mamba_cache_mode,
-            enable_lora=vllm_config.lora_config is not None,
-        )
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
 
     @classmethod
     def get_mamba_state_shape_from_config(cls, vllm_config):

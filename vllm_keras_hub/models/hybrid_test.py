@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from vllm import SamplingParams
 
-from vllm_keras_hub.export.hf_config import UnsupportedHybridConfigError
+from vllm_keras_hub.settings import UnsupportedHybridConfigError
+from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing.oracle import keras_hub_greedy
 from vllm_keras_hub.testing.oracle import keras_hub_greedy_full_forward
-from vllm_keras_hub.testing import support_matrix
 
 PROMPTS = ["a", "Hello there", "The quick brown fox jumps over the lazy dog."]
 # 408 tokens: several of KerasHub's 64-token delta-rule chunks, and more

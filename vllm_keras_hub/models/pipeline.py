@@ -25,11 +25,11 @@ import dataclasses
 
 import torch
 
-from vllm_keras_hub.export.hf_config import PIPELINE_REFUSALS
-from vllm_keras_hub.export.hf_config import UnsupportedParallelismError
 from vllm_keras_hub.layers.attention import token_embedding
 from vllm_keras_hub.layers.attention import transformer_layers
 from vllm_keras_hub.models.text_forward import text_forward
+from vllm_keras_hub.settings import PIPELINE_REFUSALS
+from vllm_keras_hub.settings import UnsupportedParallelismError
 
 
 @dataclasses.dataclass
@@ -237,37 +237,3 @@ def stage(backbone, rank=0, size=1):
 def _loop_path(backbone):
     # `text_forward`'s own loop over the layers (no functional graph).
     return type(backbone).__name__ == "Gemma3Backbone" and not backbone.text_only_model
-
-
-def keep_intermediate_buffer_in_eager_mode():
-    """Works around vLLM 0.32's CPU runner failing pipeline stages eagerly.
-
-    A later stage's runner receives the previous stage's hidden states into
-    a buffer (`sync_and_gather_intermediate_tensors`) that only its warm-up
-    (`_dummy_run`) creates. vLLM's CPU worker skips that warm-up in eager
-    mode (`enforce_eager`, and under `VLLM_CPU_CI_ENV`), so every later
-    stage asserted at its first step, for vLLM's own models too. This makes
-    the buffer where `_dummy_run` would have, for KerasHub models only.
-    """
-    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-
-    if getattr(CPUModelRunner, "_keras_hub_buffer", False):
-        return
-    gather = CPUModelRunner.sync_and_gather_intermediate_tensors
-
-    def sync_and_gather_intermediate_tensors(self, *args, **kwargs):
-        from vllm_keras_hub.models.causal import KerasHubForCausalLM
-
-        model = self.get_model()
-        if self.intermediate_tensors is None and isinstance(model, KerasHubForCausalLM):
-            self.intermediate_tensors = model.make_empty_intermediate_tensors(
-                batch_size=self.max_num_tokens,
-                dtype=self.model_config.dtype,
-                device=self.device,
-            )
-        return gather(self, *args, **kwargs)
-
-    CPUModelRunner.sync_and_gather_intermediate_tensors = (
-        sync_and_gather_intermediate_tensors
-    )
-    CPUModelRunner._keras_hub_buffer = True

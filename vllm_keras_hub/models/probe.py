@@ -16,8 +16,7 @@ import sys
 import torch
 from keras_hub.src.vllm.context import vllm_context_scope
 
-from vllm_keras_hub.layers import moe
-from vllm_keras_hub.layers import state_routes
+from vllm_keras_hub.layers import step
 from vllm_keras_hub.layers.attention import attention_indices
 
 
@@ -154,8 +153,7 @@ def run(stage):
     hidden = None if stage.first else torch.zeros(1, stage.hidden_size)
     with (
         torch.inference_mode(),
-        moe.experts_scope(record_experts),
-        state_routes.state_scope(record_state),
+        step.scope(experts=record_experts, states=record_state),
     ):
         with vllm_context_scope(
             paged_attention_func=record_attention,

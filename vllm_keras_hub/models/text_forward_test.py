@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from vllm_keras_hub.models.text_forward import text_forward
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import backbone_kwargs
-from vllm_keras_hub.models.text_forward import text_forward
 
 LENGTH = 12
 

@@ -36,7 +36,6 @@ from vllm.model_executor.models.interfaces import SupportsMultiModal  # noqa: E4
 from vllm.model_executor.models.utils import _merge_multimodal_embeddings  # noqa: E402
 from vllm.multimodal import MULTIMODAL_REGISTRY  # noqa: E402
 
-from vllm_keras_hub.export.image_format import check_image_settings  # noqa: E402
 from vllm_keras_hub.export.image_format import read_image_format  # noqa: E402
 from vllm_keras_hub.layers import image_attention  # noqa: E402
 from vllm_keras_hub.layers.attention import token_embedding  # noqa: E402
@@ -79,17 +78,8 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
         )
 
     def __init__(self, *, vllm_config, prefix=""):
-        scheduler = vllm_config.scheduler_config
-        model_config = vllm_config.model_config
-        self.image = read_image_format(model_config.hf_config)
-        check_image_settings(
-            self.image,
-            model_config.get_multimodal_config().get_limit_per_prompt("image"),
-            scheduler.enable_chunked_prefill,
-            not scheduler.disable_chunked_mm_input,
-            vllm_config.parallel_config.pipeline_parallel_size,
-            scheduler.scheduler_cls,
-        )
+        # Before the base class checks the engine settings against it.
+        self.image = read_image_format(vllm_config.model_config.hf_config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
 
     def load_preset(self, lora_weights=None):

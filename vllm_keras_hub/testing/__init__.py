@@ -1,0 +1,1 @@
+"""What the tests share: tiny presets, oracles, engines and servers."""

@@ -7,7 +7,6 @@ import os
 from vllm_keras_hub.entrypoints.llm import KerasHubLLM
 
 
-
 def _engine_kwargs():
     from vllm.platforms import current_platform
 

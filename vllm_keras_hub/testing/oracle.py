@@ -4,8 +4,8 @@ import keras
 import keras_hub
 import numpy as np
 
-from vllm_keras_hub.lora import merged as lora
 from vllm_keras_hub.export.sampling import causal_lm_class
+from vllm_keras_hub.lora import merged as lora
 
 
 def _pack(preset, prompts, sequence_length):

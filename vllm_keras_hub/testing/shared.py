@@ -65,7 +65,7 @@ class Shared:
 
     def vision_preset(self, family="gemma3", bidirectional=False):
         """The tiny preset with a served vision encoder and image converter."""
-        from vllm_keras_hub.testing.media_encoders import build_tiny_vision_preset
+        from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
 
         name = f"presets/{family}-vision" + ("-bidirectional" if bidirectional else "")
         return self._made_once(

@@ -9,7 +9,7 @@ features its served model used (`parallel_test.py` the parallel columns,
 
 from vllm_keras_hub.export import chat_templates
 from vllm_keras_hub.models import families
-from vllm_keras_hub.export.hf_config import PIPELINE_REFUSALS
+from vllm_keras_hub.settings import PIPELINE_REFUSALS
 
 RESULTS = {}
 COLUMNS = (

@@ -14,6 +14,8 @@ attribute 'finalize_loading'", and the model compiles again.
 
 A function the plain backend compiled is complete once loaded, so for our
 model the missing step is a no-op. Other models keep vLLM's behaviour.
+Remove when the plain backend's functions have `finalize_loading` or vLLM's
+loader stops calling it for them; `load_saved_compiles` then does nothing.
 """
 
 import functools

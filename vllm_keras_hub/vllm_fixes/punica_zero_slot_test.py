@@ -10,7 +10,7 @@ import types
 import torch
 from vllm.lora.ops.torch_ops.lora_ops import bgmv_shrink
 
-from vllm_keras_hub.layers.lora_linear import keep_a_zero_slot
+from vllm_keras_hub.vllm_fixes.punica_zero_slot import keep_a_zero_slot
 
 NO_ADAPTER = -1
 

@@ -1,0 +1,63 @@
+"""What the routed layers of one served step share: the step context.
+
+vLLM calls the model once per step. The KerasHub layers inside it do not
+take vLLM's kernels as arguments; they find them here, as nano-vllm's
+layers find their step's context. The model sets the fields for the span of
+its step (`scope`); outside one, a routed layer has nothing to run on and
+says so.
+"""
+
+import contextlib
+import dataclasses
+
+
+@dataclasses.dataclass
+class Step:
+    """The context of the step being served.
+
+    Attributes:
+        experts: `experts(block, hidden_states, routing)`, the MoE blocks'
+            fused experts (`moe.py`), or `None` outside a step.
+        states: `states(layer, hidden_states)`, the recurrent-state layers'
+            step on vLLM's state cache (`state_routes.py`), or `None`.
+        rotary_rows: The step's gathered rotary cos/sin by table and layout
+            (`rotary_tables.py`), shared by its layers, or `None`.
+        is_image: `(num_tokens,)` bool on the CPU, True at image soft
+            tokens; set by the model's `embed_input_ids` before the step
+            (`image_attention.py`), `None` for a text-only step.
+        image_metadata: vLLM's attention metadata of the step the image
+            mask is for, bound at its first layer.
+        image_spans: id(a layer's attention metadata) -> its image spans.
+    """
+
+    experts: object = None
+    states: object = None
+    rotary_rows: dict = None
+    is_image: object = None
+    image_metadata: object = None
+    image_spans: dict = dataclasses.field(default_factory=dict)
+
+
+_STEP = Step()
+
+
+def current():
+    """The context of the step being served (one per process)."""
+    return _STEP
+
+
+@contextlib.contextmanager
+def scope(**fields):
+    """Sets `fields` of the step context inside the block, then restores them.
+
+    Args:
+        **fields: `Step` attributes, e.g. `experts=...`.
+    """
+    previous = {name: getattr(_STEP, name) for name in fields}
+    for name, value in fields.items():
+        setattr(_STEP, name, value)
+    try:
+        yield _STEP
+    finally:
+        for name, value in previous.items():
+            setattr(_STEP, name, value)

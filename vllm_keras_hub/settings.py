@@ -1,0 +1,351 @@
+"""Engine settings for a KerasHub preset: the defaults we set and the checks.
+
+One sequence for every way in: `serve` and `KerasHubLLM` call `settle`
+before the engine starts, and the model classes call `check` again, for
+plain `vllm` commands, which reach them with neither. A setting under which
+the preset would not be served exactly is refused here, with the reason.
+"""
+
+import os
+
+from vllm_keras_hub.export.image_format import needs_whole_images
+from vllm_keras_hub.lora.adapters import check_lora_serving
+
+
+class UnsupportedParallelismError(ValueError):
+    """A parallel layout KerasHub models cannot be served in yet."""
+
+
+# Backbone class -> why it cannot be cut into pipeline stages
+# (`models/pipeline.py`): more than the hidden states crosses between its layers.
+_HYBRID_STAGES = (
+    "its Gated DeltaNet layers' state layers are not placed in pipeline "
+    "stages yet"
+)
+PIPELINE_REFUSALS = {
+    "Qwen3_5Backbone": _HYBRID_STAGES,
+    "Qwen3_5MoeBackbone": _HYBRID_STAGES,
+    "Gemma3nBackbone": (
+        "its layers pass a stack of AltUp hidden states and per-layer "
+        "inputs from layer to layer, not one hidden state"
+    ),
+    "Gemma4Backbone": (
+        "its KV-sharing layers read the keys and values of layers that "
+        "can be in another stage, and its per-layer inputs come from the "
+        "token embedding"
+    ),
+}
+
+
+def check_parallelism(
+    family,
+    tensor_parallel_size,
+    pipeline_parallel_size=None,
+    enable_expert_parallel=False,
+):
+    """Raises unless `family` can be served at this parallelism.
+
+    Args:
+        family: The preset's `families.Family`.
+        tensor_parallel_size: vLLM's `tensor_parallel_size`.
+        pipeline_parallel_size: vLLM's `pipeline_parallel_size`.
+        enable_expert_parallel: vLLM's `enable_expert_parallel`.
+
+    Raises:
+        UnsupportedParallelismError: naming the family and what to use.
+    """
+    from vllm_keras_hub.models import families
+
+    staged = pipeline_parallel_size and pipeline_parallel_size > 1
+    reason = PIPELINE_REFUSALS.get(family.backbone) if staged else None
+    if reason is not None:
+        raise UnsupportedParallelismError(
+            f"{family.display_name} cannot be served with pipeline parallelism "
+            f"(pipeline_parallel_size={pipeline_parallel_size}): {reason}. "
+            "Use tensor parallelism (--tensor-parallel-size) where it is "
+            "supported, or data parallelism (--data-parallel-size)."
+        )
+    if enable_expert_parallel:
+        raise UnsupportedParallelismError(
+            "Expert parallelism (enable_expert_parallel) is not supported for "
+            "KerasHub models: vLLM 0.32's CPU fused-MoE experts take no expert "
+            "map, and its workers crashed when tried. Under tensor parallelism "
+            "the experts are already sharded by vLLM's FusedMoE; serve without "
+            "--enable-expert-parallel."
+        )
+    sharded = tensor_parallel_size and tensor_parallel_size > 1
+    if sharded and not family.tensor_parallel:
+        mapped = ", ".join(families.tensor_parallel_families())
+        raise UnsupportedParallelismError(
+            f"{family.display_name} cannot be served with tensor parallelism "
+            f"yet (tensor_parallel_size={tensor_parallel_size}): its layers are "
+            f"not mapped to vLLM's parallel linear layers. Families that are: "
+            f"{mapped}. Serve it with tensor_parallel_size=1, or scale out "
+            "with --data-parallel-size."
+        )
+
+
+class UnsupportedHybridConfigError(ValueError):
+    """An engine setting hybrid (Gated DeltaNet) presets cannot be served with."""
+
+
+def check_hybrid_settings(
+    speculative=False,
+    mamba_ssm_cache_dtype="auto",
+    mamba_cache_dtype="auto",
+    mamba_cache_mode=None,
+    enable_lora=False,
+):
+    """Raises for engine settings a hybrid preset's state cannot be served with.
+
+    Part of `check`.
+
+    Args:
+        speculative: Whether speculative decoding is configured.
+        mamba_ssm_cache_dtype: vLLM's `mamba_ssm_cache_dtype`.
+        mamba_cache_dtype: vLLM's `mamba_cache_dtype`.
+        mamba_cache_mode: vLLM's `mamba_cache_mode`, or `None` if unset.
+        enable_lora: vLLM's `enable_lora`.
+
+    Raises:
+        UnsupportedHybridConfigError: naming the setting and why.
+    """
+    if speculative:
+        raise UnsupportedHybridConfigError(
+            "Speculative decoding is not supported for KerasHub's hybrid "
+            "(Gated DeltaNet) presets: rolling back rejected draft tokens "
+            "needs vLLM's wider speculative state layout, which their state "
+            "layers do not implement. Serve without --speculative-config."
+        )
+    # vLLM's CPU platform itself turns "auto" into "float32" for GDN models.
+    if mamba_ssm_cache_dtype not in (None, "auto", "float32"):
+        raise UnsupportedHybridConfigError(
+            f"mamba_ssm_cache_dtype={mamba_ssm_cache_dtype!r} is not supported: "
+            "KerasHub keeps a Gated DeltaNet layer's recurrent state in "
+            "float32, and served output must equal the preset's own."
+        )
+    if mamba_cache_dtype not in (None, "auto"):
+        raise UnsupportedHybridConfigError(
+            f"mamba_cache_dtype={mamba_cache_dtype!r} is not supported: KerasHub "
+            "keeps a Gated DeltaNet layer's convolution window in the model's "
+            "dtype."
+        )
+    if mamba_cache_mode not in (None, "none", "align"):
+        raise UnsupportedHybridConfigError(
+            f"mamba_cache_mode={mamba_cache_mode!r} is not supported for Gated "
+            "DeltaNet layers: prefix caching runs in 'align' mode."
+        )
+    if enable_lora:
+        raise UnsupportedHybridConfigError(
+            "LoRA adapters per request (--enable-lora) are not supported for "
+            "hybrid (Gated DeltaNet) presets yet: no test proves them exact "
+            "there. Serve without --enable-lora."
+        )
+
+
+class UnsupportedImageServingError(ValueError):
+    """Engine settings under which images cannot be served exactly."""
+
+
+def image_limit(limit_mm_per_prompt):
+    """The image limit per prompt of vLLM's `limit_mm_per_prompt`, or `None`."""
+    limit = (limit_mm_per_prompt or {}).get("image")
+    if isinstance(limit, dict):
+        limit = limit.get("count")
+    return limit
+
+
+
+def check_image_settings(
+    image,
+    images_per_prompt,
+    chunked_prefill,
+    chunked_images,
+    pipeline_parallel_size=1,
+    scheduler_cls=None,
+):
+    """Raises for engine settings under which images would not be exact.
+
+    Part of `check`; `settle` first sets `disable_chunked_mm_input` and
+    `scheduler_cls` where images attend bidirectionally.
+
+    Args:
+        image: The preset's `keras_hub_image` config.
+        images_per_prompt: vLLM's image limit per prompt (0: text only;
+            `None`: vLLM's default).
+        chunked_prefill: vLLM's `enable_chunked_prefill`.
+        chunked_images: Whether vLLM may split an image over two steps
+            (`not disable_chunked_mm_input`).
+        pipeline_parallel_size: vLLM's `pipeline_parallel_size`.
+        scheduler_cls: vLLM's `scheduler_cls`.
+
+    Raises:
+        UnsupportedImageServingError: naming the setting and the fix.
+    """
+    from vllm.platforms import current_platform
+
+    if images_per_prompt == 0:
+        return
+    text_only = "Serve text only with --limit-mm-per-prompt '{\"image\": 0}'."
+    if pipeline_parallel_size and pipeline_parallel_size > 1:
+        raise UnsupportedImageServingError(
+            f"Images are not served with pipeline parallelism yet. {text_only}"
+        )
+    if not needs_whole_images(image):
+        return
+    if image["bidirectional"] == "sliding" and image["tokens_per_image"] > image["window"]:
+        # Its mask is (causal and windowed) or within the image; the second
+        # attention call computes the window's band, the same only while
+        # an image fits in the window.
+        raise UnsupportedImageServingError(
+            f"This preset attends bidirectionally within each image's "
+            f"{image['tokens_per_image']} tokens, more than its sliding window "
+            f"of {image['window']}, which vllm-keras-hub does not compute yet. "
+            f"{text_only}"
+        )
+    if not current_platform.is_cpu():
+        raise UnsupportedImageServingError(
+            "This preset attends bidirectionally within each image, which is "
+            "computed with vLLM's CPU attention kernel: its images are served "
+            f"on the CPU only so far. {text_only}"
+        )
+    if chunked_prefill and chunked_images:
+        raise UnsupportedImageServingError(
+            "This preset attends bidirectionally within each image, so an "
+            "image must never be split over two prefill chunks. Serve with "
+            "--disable-chunked-mm-input."
+        )
+    from vllm_keras_hub.scheduler import IMAGE_SCHEDULER
+    from vllm_keras_hub.scheduler import ImageScheduler
+
+    if isinstance(scheduler_cls, type):
+        holds_images = issubclass(scheduler_cls, ImageScheduler)
+    else:
+        holds_images = scheduler_cls == IMAGE_SCHEDULER
+    if chunked_prefill and not holds_images:
+        raise UnsupportedImageServingError(
+            "With chunked prefill, vLLM's scheduler can split the rest of an "
+            "image a prefix-cache hit cut into over two steps, and the "
+            "bidirectional attention within the image would miss its later "
+            f"tokens. Serve with --scheduler-cls {IMAGE_SCHEDULER}."
+        )
+
+
+# vLLM's default `gpu_memory_utilization=0.92` is, on the CPU backend, a share
+# of the machine's RAM reserved up front; it fails on any machine already
+# running something. A fixed KV cache is what a CPU user wants instead.
+CPU_KV_CACHE_BYTES = 2 << 30
+
+
+def default_kv_cache_bytes(memory_settings_given):
+    """The KV-cache size to set, or `None` to leave vLLM's choice.
+
+    Args:
+        memory_settings_given: Whether the user set `gpu_memory_utilization`
+            or `kv_cache_memory_bytes` themselves.
+    """
+    from vllm.platforms import current_platform
+
+    if (
+        memory_settings_given
+        or os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+        or not current_platform.is_cpu()
+    ):
+        return None
+    return CPU_KV_CACHE_BYTES
+
+
+def check(family, image, values):
+    """Raises for engine settings this preset cannot be served with exactly.
+
+    Args:
+        family: The preset's `families.Family`.
+        image: The preset's `keras_hub_image` config, or `None`.
+        values: vLLM engine arguments by name (`EngineArgs` fields); a
+            missing one counts as unset.
+    """
+    tensor = values.get("tensor_parallel_size")
+    pipeline = values.get("pipeline_parallel_size")
+    check_parallelism(
+        family, tensor, pipeline, values.get("enable_expert_parallel") or False
+    )
+    if family.hybrid:
+        check_hybrid_settings(
+            speculative=values.get("speculative_config") is not None,
+            mamba_ssm_cache_dtype=values.get("mamba_ssm_cache_dtype"),
+            mamba_cache_dtype=values.get("mamba_cache_dtype"),
+            mamba_cache_mode=values.get("mamba_cache_mode"),
+            enable_lora=values.get("enable_lora") or False,
+        )
+    if values.get("enable_lora"):
+        check_lora_serving(tensor, pipeline)
+    if image:
+        check_image_settings(
+            image,
+            image_limit(values.get("limit_mm_per_prompt")),
+            values.get("enable_chunked_prefill") is not False,
+            not values.get("disable_chunked_mm_input"),
+            pipeline,
+            values.get("scheduler_cls"),
+        )
+
+
+def settle(folder, values, given):
+    """The engine settings to set for `folder`, after checking them all.
+
+    Sets, where the user did not: the `keras_hub` load format, the folder's
+    tokenizer mode, whole-image scheduling for images that attend
+    bidirectionally, and on the CPU a fixed KV cache.
+
+    Args:
+        folder: The preset's `ModelFolder`.
+        values: The user's vLLM engine arguments by name.
+        given: The names of the arguments the user set.
+
+    Returns:
+        A dict of engine arguments to set.
+    """
+    from vllm_keras_hub.export.hf_config import LOAD_FORMAT
+    from vllm_keras_hub.scheduler import IMAGE_SCHEDULER
+
+    updates = {}
+    if values.get("load_format") in (None, "auto"):
+        updates["load_format"] = LOAD_FORMAT
+    if values.get("tokenizer_mode") in (None, "auto"):
+        updates["tokenizer_mode"] = folder.tokenizer_mode
+    if folder.images and needs_whole_images(folder.images):
+        if "disable_chunked_mm_input" not in given:
+            updates["disable_chunked_mm_input"] = True
+        if values.get("scheduler_cls") is None:
+            updates["scheduler_cls"] = IMAGE_SCHEDULER
+    kv_cache_bytes = default_kv_cache_bytes(
+        {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(given)
+    )
+    if kv_cache_bytes is not None:
+        updates["kv_cache_memory_bytes"] = kv_cache_bytes
+    check(folder.family, folder.images, {**values, **updates})
+    return updates
+
+
+def engine_values(vllm_config):
+    """The engine arguments `check` reads, from a running engine's config."""
+    parallel = vllm_config.parallel_config
+    cache = vllm_config.cache_config
+    scheduler = vllm_config.scheduler_config
+    multimodal = vllm_config.model_config.multimodal_config
+    return {
+        "tensor_parallel_size": parallel.tensor_parallel_size,
+        "pipeline_parallel_size": parallel.pipeline_parallel_size,
+        "enable_expert_parallel": parallel.enable_expert_parallel,
+        "speculative_config": vllm_config.speculative_config,
+        "mamba_ssm_cache_dtype": cache.mamba_ssm_cache_dtype,
+        "mamba_cache_dtype": cache.mamba_cache_dtype,
+        "mamba_cache_mode": cache.mamba_cache_mode,
+        "enable_lora": vllm_config.lora_config is not None,
+        "limit_mm_per_prompt": multimodal and {
+            "image": multimodal.get_limit_per_prompt("image")
+        },
+        "enable_chunked_prefill": scheduler.enable_chunked_prefill,
+        "disable_chunked_mm_input": scheduler.disable_chunked_mm_input,
+        "scheduler_cls": scheduler.scheduler_cls,
+    }

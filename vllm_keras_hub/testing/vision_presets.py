@@ -1,0 +1,67 @@
+"""Tiny presets with a served vision encoder and its image converter."""
+
+from vllm_keras_hub.testing.presets import build_tiny_preset
+
+
+def _image_converter(family, size):
+    from keras_hub.src.models.gemma3.gemma3_image_converter import (
+        Gemma3ImageConverter,
+    )
+    from keras_hub.src.models.gemma3n.gemma3n_image_converter import (
+        Gemma3nImageConverter,
+    )
+    from keras_hub.src.models.gemma4.gemma4_image_converter import (
+        Gemma4ImageConverter,
+    )
+
+    # Pixels to [-1, 1].
+    rescale = dict(scale=1 / 127.5, offset=-1.0)
+    if family == "gemma4":
+        return Gemma4ImageConverter(patch_size=8, **rescale)
+    converter = {"gemma3": Gemma3ImageConverter, "gemma3n": Gemma3nImageConverter}
+    return converter[family](image_size=(size, size), **rescale)
+
+
+def build_tiny_vision_preset(
+    directory, family="gemma3", seed=0, image_weight=30.0, bidirectional=False
+):
+    """A tiny preset with a vision encoder and an image converter.
+
+    Args:
+        directory: Where to save; created if missing.
+        family: `"gemma3"`, `"gemma3n"` or `"gemma4"`.
+        seed: Weight initialisation seed.
+        image_weight: Gemma3 only: factor on the encoder's output
+            projection. Gemma3 scales text embeddings by sqrt(hidden) and
+            image embeddings not; random image embeddings would be too faint
+            to change the output, and a test could not tell images (or how
+            they attend) apart. Gemma3n's and Gemma4's encoders end in a
+            norm, and their images are strong enough as they are.
+        bidirectional: Gemma4 only: `use_vision_bidirectional_attention`,
+            as the published 26B and 31B presets have it.
+
+    Returns:
+        `directory`.
+    """
+    import keras_hub
+
+    images = None
+    if family != "gemma3":  # Gemma3's `MULTIMODAL` encoder takes images.
+        images = dict(bidirectional=bidirectional) if family == "gemma4" else {}
+    build_tiny_preset(
+        family, directory, seed=seed, multimodal=family == "gemma3", images=images
+    )
+    size = None
+    if family == "gemma3":
+        causal_lm = keras_hub.models.Gemma3CausalLM.from_preset(
+            directory, preprocessor=None
+        )
+        encoder = causal_lm.backbone.vision_encoder
+        projection = encoder.get_layer("vision_output_encoder").vision_input_projection
+        projection.kernel.assign(projection.kernel * image_weight)
+        causal_lm.save_to_preset(directory)
+        size = encoder.image_size
+    elif family == "gemma3n":
+        size = 64
+    _image_converter(family, size).save_to_preset(directory)
+    return directory
