@@ -1,4 +1,5 @@
-"""The install paths: the CUDA lock resolves and agrees with the CPU one.
+"""The install paths: the CUDA lock resolves and agrees with the CPU one, and
+scripts/setup refuses a Python its lock is not for.
 
 No GPU that can run vLLM is within this project's reach, so the CUDA
 environment is never installed here; what can be checked on the CPU is that
@@ -9,9 +10,13 @@ lock or `scripts/lock-cuda` changed since `scripts/lock-cuda --check` last
 passed (`requirements-cuda.check` records that), and is one command away.
 """
 
+import glob
 import hashlib
 import os
+import shutil
 import subprocess
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -75,3 +80,36 @@ def test_setup_refuses_an_unknown_option():
     )
     assert result.returncode == 2
     assert "usage: scripts/setup [--cuda]" in result.stderr
+
+
+def _python_other_than_3_11():
+    """A working Python of another version on this machine, or `None`."""
+    candidates = ["python3.12", "python3.13", "python3.10"]
+    candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[023]*/bin/python3")))
+    for candidate in candidates:
+        path = shutil.which(candidate)
+        if path is None:
+            continue
+        result = subprocess.run(
+            [path, "-c", "import sys; print(sys.version_info[:2] != (3, 11))"],
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode == 0 and result.stdout.strip() == "True":
+            return path
+    return None
+
+
+def test_setup_refuses_a_python_the_lock_is_not_for():
+    python = _python_other_than_3_11()
+    if python is None:
+        pytest.skip("no Python but 3.11 on this machine to try scripts/setup with")
+    result = subprocess.run(
+        [os.path.join(ROOT, "scripts", "setup")],
+        env={**os.environ, "PYTHON": python},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "requirements.lock is for Python 3.11, but" in result.stderr
+    assert "Point PYTHON at a Python 3.11" in result.stderr

@@ -13,6 +13,7 @@ drops them, so Keras is imported afresh, on torch, once a KerasHub model is
 served; nothing imports Keras for any other model.
 """
 
+import importlib.util
 import os
 import sys
 
@@ -21,8 +22,23 @@ _KERAS_PACKAGES = ("keras", "keras_hub")
 
 def default_to_torch():
     """Makes torch Keras's backend unless the environment names another."""
+    require_keras_hub()
     os.environ.setdefault("KERAS_BACKEND", "torch")
     forget_failed_keras_import()
+
+
+def require_keras_hub():
+    """Raises, with the command that installs it, unless keras-hub is installed.
+
+    The package does not depend on keras-hub: keras-hub's metadata requires
+    TensorFlow, which serving never uses (`pyproject.toml`).
+    """
+    if importlib.util.find_spec("keras_hub") is None:
+        raise ImportError(
+            "vllm-keras-hub serves KerasHub models, and keras-hub is not "
+            "installed. Install it without its TensorFlow dependency: "
+            "pip install --no-deps keras-hub==0.32.0"
+        )
 
 
 def forget_failed_keras_import():
@@ -45,6 +61,7 @@ def require_torch_backend():
     backend named in `KERAS_BACKEND` is refused before Keras tries to import
     it (TensorFlow and JAX are not installed with vllm-keras-hub).
     """
+    require_keras_hub()
     requested = os.environ.setdefault("KERAS_BACKEND", "torch")
     if requested != "torch":
         raise RuntimeError(
