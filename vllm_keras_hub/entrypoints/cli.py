@@ -177,7 +177,11 @@ def main(argv=None):
     from vllm_keras_hub import backend
 
     # Before anything imports Keras: a user's fresh shell names no backend.
-    backend.default_to_torch()
+    try:
+        backend.default_to_torch()
+    except ImportError as e:  # keras-hub is not installed
+        print(f"vllm-keras-hub: error: {e}", file=sys.stderr)
+        return 2
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
         prog="vllm-keras-hub",
