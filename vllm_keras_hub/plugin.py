@@ -9,6 +9,7 @@ built (see `backend.py` for why that matters).
 
 ARCHITECTURE_CLASS = "vllm_keras_hub.models.causal:KerasHubForCausalLM"
 HYBRID_ARCHITECTURE_CLASS = "vllm_keras_hub.models.hybrid:KerasHubHybridForCausalLM"
+EMBEDDING_ARCHITECTURE_CLASS = "vllm_keras_hub.models.pooling:KerasHubForEmbedding"
 
 
 def register():
@@ -21,6 +22,7 @@ def register():
     from vllm.tokenizers.registry import TokenizerRegistry
 
     from vllm_keras_hub import backend
+    from vllm_keras_hub.export import embedder
     from vllm_keras_hub.export import hf_config as config
 
     # Importing the load format registers it.
@@ -35,6 +37,10 @@ def register():
     if config.HYBRID_ARCHITECTURE not in supported:
         ModelRegistry.register_model(
             config.HYBRID_ARCHITECTURE, HYBRID_ARCHITECTURE_CLASS
+        )
+    if embedder.EMBEDDING_ARCHITECTURE not in supported:
+        ModelRegistry.register_model(
+            embedder.EMBEDDING_ARCHITECTURE, EMBEDDING_ARCHITECTURE_CLASS
         )
     for architecture in config.VISION_ARCHITECTURES.values():
         if architecture not in supported:

@@ -290,6 +290,34 @@ def check(family, image, values):
         )
 
 
+class UnsupportedEmbedderSettingError(ValueError):
+    """An engine setting a text embedder is not served with."""
+
+
+def check_embedder_settings(task, values):
+    """Raises for engine settings a text embedder is not served with.
+
+    Args:
+        task: The embedder's `TextEmbedder` class name.
+        values: vLLM engine arguments by name.
+    """
+    refused = {
+        "tensor_parallel_size": "tensor parallelism",
+        "pipeline_parallel_size": "pipeline parallelism",
+        "enable_lora": "LoRA adapters per request",
+        "speculative_config": "speculative decoding",
+    }
+    for name, what in refused.items():
+        value = values.get(name)
+        if value not in (None, False, 1):
+            raise UnsupportedEmbedderSettingError(
+                f"{task} presets are served on one worker, without {what} "
+                f"({name}={value!r}); their projection head is not sharded."
+                if "parallel" in name
+                else f"{task} presets are served without {what} ({name}={value!r})."
+            )
+
+
 def settle(folder, values, given):
     """The engine settings to set for `folder`, after checking them all.
 
@@ -323,6 +351,9 @@ def settle(folder, values, given):
     )
     if kv_cache_bytes is not None:
         updates["kv_cache_memory_bytes"] = kv_cache_bytes
+    if folder.embedder:
+        check_embedder_settings(folder.embedder["task"], {**values, **updates})
+        return updates
     check(folder.family, folder.images, {**values, **updates})
     return updates
 

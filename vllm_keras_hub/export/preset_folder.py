@@ -19,6 +19,7 @@ import uuid
 import weakref
 
 from vllm_keras_hub.export import chat_templates
+from vllm_keras_hub.export import embedder as embedder_lib
 from vllm_keras_hub.export import hf_config as config_lib
 from vllm_keras_hub.export import image_format as image_config
 from vllm_keras_hub.export import sampling
@@ -65,6 +66,7 @@ def read_preset(preset):
 
     Raises:
         PresetError: the preset is missing or unreadable, naming the cause.
+        embedder_lib.EmbedderError: a text embedder that is not served.
         families.UnsupportedFamilyError: the family has no route.
     """
     from keras_hub.src.utils.preset_utils import get_preset_loader
@@ -76,11 +78,13 @@ def read_preset(preset):
         raise PresetError(
             f"Cannot open KerasHub preset '{preset}': {type(e).__name__}: {e}"
         ) from e
-    family = families.family_for_backbone(backbone_cls.__name__, preset)
     if hasattr(loader, "converter"):  # A Hugging Face checkpoint (hf://).
         backbone_config = loader.converter.convert_backbone_config(loader.config)
     else:
         backbone_config = loader.config["config"]
+    # An embedder's own reason first: BERT's is not a causal-LM family.
+    embedder_lib.read_embedder(preset, backbone_cls.__name__, backbone_config)
+    family = families.family_for_backbone(backbone_cls.__name__, preset)
     return family, backbone_config, sampling.causal_lm_class(preset)
 
 
@@ -231,6 +235,11 @@ def write_model_folder(preset, directory, max_model_len=None):
     preset = resolve_preset(preset)
     family, backbone_config, causal_lm_cls = read_preset(preset)
     tokenizer = Tokenizer.from_preset(preset)
+    embedder = embedder_lib.read_embedder(preset, family.backbone, backbone_config)
+    if embedder is not None:
+        return _write_embedder_folder(
+            preset, directory, family, backbone_config, tokenizer, embedder, max_model_len
+        )
 
     dims = model_dims(backbone_config)
     if max_model_len is not None:
@@ -265,12 +274,69 @@ def write_model_folder(preset, directory, max_model_len=None):
     # transformers' tokenizers (so vLLM) read this file beside tokenizer.json.
     with open(os.path.join(directory, chat_templates.CHAT_TEMPLATE_FILE), "w") as f:
         f.write(chat_template)
+    return _write_tokenizer(
+        preset, tokenizer, directory, add_start_token=adds_start_token(preset, tokenizer)
+    )
+
+
+def _write_embedder_folder(
+    preset, directory, family, backbone_config, tokenizer, embedder, max_model_len
+):
+    """`write_model_folder` for a text embedder: no chat or sampling files.
+
+    Its prompts are tokenized as its `TextEmbedderPreprocessor` packs them:
+    the start token where the tokenizer has one (not Qwen3's), the end
+    token after.
+    """
+    dims = model_dims(backbone_config)
+    if max_model_len is not None:
+        dims["max_position_embeddings"] = int(max_model_len)
+    limit = embedder.max_tokens
+    if limit is not None:
+        if max_model_len is not None and int(max_model_len) > limit:
+            raise embedder_lib.EmbedderError(
+                f"Cannot serve '{preset}' with max_model_len={max_model_len}: its "
+                f"bidirectional sliding-window attention is served exactly for texts "
+                f"of at most {limit} tokens (see export/embedder.py)."
+            )
+        dims["max_position_embeddings"] = min(dims["max_position_embeddings"], limit)
+    model_config = config_lib.KerasHubConfig(
+        keras_hub_preset=preset,
+        keras_hub_family=family.name,
+        keras_hub_config_digest=config_digest(backbone_config),
+        pad_token_id=getattr(tokenizer, "pad_token_id", None),
+        torch_dtype=weights_dtype(backbone_config),
+        **{**dims, **embedder.config_fields()},
+    )
+    model_config.save_pretrained(directory)
+    embedder.write_pooling_files(directory)
+    return _write_tokenizer(
+        preset,
+        tokenizer,
+        directory,
+        add_start_token=tokenizer.start_token_id is not None
+        and embedder.task != "Qwen3TextEmbedder",
+        add_end_token=True,
+    )
+
+
+def _write_tokenizer(preset, tokenizer, directory, add_start_token, add_end_token=False):
+    """Exports the tokenizer; returns the tokenizer mode vLLM must use."""
     try:
         tokenizer_export.export_tokenizer(
-            tokenizer, directory, add_start_token=adds_start_token(preset, tokenizer)
+            tokenizer,
+            directory,
+            add_start_token=add_start_token,
+            add_end_token=add_end_token,
         )
         return "auto"
     except tokenizer_export.TokenizerExportError as e:
+        if add_end_token:
+            # KerasHub's own tokenizer adapter would not append it.
+            raise embedder_lib.EmbedderError(
+                f"Cannot serve text embedder '{preset}': its tokenizer cannot be "
+                f"exported exactly ({e})."
+            ) from e
         logger.warning(
             "Serving KerasHub's own tokenizer for '%s' (tokenizer_mode=%r): "
             "it cannot be exported exactly (%s).",
@@ -283,10 +349,13 @@ def write_model_folder(preset, directory, max_model_len=None):
 
 def _content_digest(directory):
     digest = hashlib.sha256()
-    for name in sorted(os.listdir(directory)):
-        digest.update(name.encode() + b"\0")
-        with open(os.path.join(directory, name), "rb") as f:
-            digest.update(f.read())
+    for root, folders, names in sorted(os.walk(directory)):
+        folders.sort()
+        for name in sorted(names):
+            path = os.path.join(root, name)
+            digest.update(os.path.relpath(path, directory).encode() + b"\0")
+            with open(path, "rb") as f:
+                digest.update(f.read())
     return digest.hexdigest()[:20]
 
 
@@ -370,6 +439,8 @@ class ModelFolder:
         # The image format of a preset served with images (`export/image_format.py`),
         # else `None`.
         self.images = config.get("keras_hub_image")
+        # A text embedder's pooling (`export/embedder.py`), else `None`.
+        self.embedder = config.get("keras_hub_embedder")
 
     def cleanup(self):
         """Lets go of the folder now. Safe to call more than once."""

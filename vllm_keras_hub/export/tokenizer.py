@@ -103,7 +103,7 @@ class TokenizerExportError(ValueError):
     """A tokenizer that cannot be exported exactly, naming class and cause."""
 
 
-def export_tokenizer(tokenizer, directory, add_start_token):
+def export_tokenizer(tokenizer, directory, add_start_token, add_end_token=False):
     """Writes `tokenizer` in Hugging Face format into `directory`.
 
     `transformers.AutoTokenizer.from_pretrained(directory)` (and so vLLM)
@@ -123,6 +123,8 @@ def export_tokenizer(tokenizer, directory, add_start_token):
             and `special_tokens_map.json` are written into; made if missing.
         add_start_token: Whether encoding prepends the start token, as the
             preset's preprocessor does.
+        add_end_token: Whether encoding appends the end token, as a text
+            embedder's preprocessor does.
 
     Raises:
         TokenizerExportError: the tokenizer cannot be exported exactly; the
@@ -156,7 +158,8 @@ def export_tokenizer(tokenizer, directory, add_start_token):
         )
     special = _special_tokens(tokenizer, backend)
     start_token = special.get("bos_token") if add_start_token else None
-    backend.post_processor = _start_token_processor(backend, start_token)
+    end_token = special.get("eos_token") if add_end_token else None
+    backend.post_processor = _special_tokens_processor(backend, start_token, end_token)
     backend.encode_special_tokens = keras_hub_splits_specials
     _check_against_keras_hub(tokenizer, backend, special)
     # The one deliberate difference: `sentencepiece` never matches control
@@ -172,7 +175,7 @@ def export_tokenizer(tokenizer, directory, add_start_token):
             tokenizer, backend, special
         ),
         "add_bos_token": start_token is not None,
-        "add_eos_token": False,
+        "add_eos_token": end_token is not None,
         "split_special_tokens": split_special_tokens,
         "clean_up_tokenization_spaces": False,
     }
@@ -443,16 +446,15 @@ def _extra_special_tokens(tokenizer, backend, special):
     )
 
 
-def _start_token_processor(backend, start_token):
-    if start_token is None:
-        return processors.TemplateProcessing(
-            single=["$A"], pair=["$A", "$B:1"], special_tokens=[]
-        )
-    start_id = backend.token_to_id(start_token)
+def _special_tokens_processor(backend, start_token, end_token):
+    """Adds `start_token` before and `end_token` after each text, if not None."""
+    start = [] if start_token is None else [start_token]
+    end = [] if end_token is None else [end_token]
+    tokens = dict.fromkeys(start + end)
     return processors.TemplateProcessing(
-        single=[start_token, "$A"],
-        pair=[start_token, "$A", f"{start_token}:1", "$B:1"],
-        special_tokens=[(start_token, start_id)],
+        single=[*start, "$A", *end],
+        pair=[*start, "$A", *end, *(f"{t}:1" for t in start), "$B:1", *(f"{t}:1" for t in end)],
+        special_tokens=[(token, backend.token_to_id(token)) for token in tokens],
     )
 
 

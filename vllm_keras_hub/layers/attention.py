@@ -213,7 +213,7 @@ def install(backbone, family):
         layer.call = types.MethodType(_routed_call, layer)
 
 
-def build(specs, prefix, cache_config, indices):
+def build(specs, prefix, cache_config, indices, encoder_only=False):
     """One vLLM `Attention` per attending transformer layer, from the probe's specs.
 
     Call inside `set_current_vllm_config`: each registers itself with the
@@ -226,6 +226,8 @@ def build(specs, prefix, cache_config, indices):
         prefix: The layers' name prefix, e.g. `"attention."`.
         cache_config: The engine's `CacheConfig`.
         indices: The backbone's index of each spec's layer.
+        encoder_only: Whether every token attends to its whole sequence
+            (vLLM's `EncoderOnlyAttention`, which keeps no KV cache).
 
     Raises:
         ValueError: a head size the platform's attention kernel cannot run
@@ -233,11 +235,15 @@ def build(specs, prefix, cache_config, indices):
     """
     import torch
     from vllm.model_executor.layers.attention import Attention
+    from vllm.model_executor.layers.attention.encoder_only_attention import (
+        EncoderOnlyAttention,
+    )
 
+    kind = EncoderOnlyAttention if encoder_only else Attention
     layers = []
     for index, spec in zip(indices, specs, strict=True):
         target = spec.kv_sharing_target
-        layer = Attention(
+        layer = kind(
             spec.num_heads,
             spec.head_size,
             spec.scale,

@@ -102,6 +102,8 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
     takes_embeddings = False
     # The preset's image format (`export/image_format.py`); `None`: text only.
     image = None
+    # Whether attention is bidirectional, through vLLM's encoder-only kind.
+    encoder_only = False
 
     def __init__(self, *, vllm_config, prefix=""):
         super().__init__()
@@ -292,6 +294,7 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
                 f"{self.prefix}attention.",
                 self.vllm_config.cache_config,
                 self.attending_layers,
+                encoder_only=self.encoder_only,
             )
         )
 

@@ -35,8 +35,10 @@ def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidd
         return _gemma3n(backbone, token_ids, padding_mask, hidden)
     if name == "Gemma4Backbone":
         return _gemma4(backbone, token_ids, padding_mask, positions, hidden)
-    if name == "Gemma3Backbone" and not backbone.text_only_model:
-        return _gemma3_vision(backbone, token_ids, padding_mask, layers, hidden)
+    if name == "Gemma3Backbone" and (
+        not backbone.text_only_model or backbone.is_embedding_model
+    ):
+        return _gemma3_loop(backbone, token_ids, padding_mask, layers, hidden)
     if name in ("Qwen3_5Backbone", "Qwen3_5MoeBackbone") and not backbone.text_only_model:
         return _qwen3_5_vision(backbone, token_ids, padding_mask)
     return backbone(
@@ -44,9 +46,11 @@ def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidd
     )
 
 
-def _gemma3_vision(backbone, token_ids, padding_mask, layers=None, hidden=None):
+def _gemma3_loop(backbone, token_ids, padding_mask, layers=None, hidden=None):
     # `Gemma3CausalLM.call_with_cache` without images: scaled token
-    # embeddings, the layers with no vision mask (causal), the final norm.
+    # embeddings, the layers with no vision mask, the final norm. Also an
+    # embedding backbone's graph up to its `sequence_output`: its pooling
+    # over the whole packed step would mix requests (vLLM's pooler pools).
     start, end = layers or (0, len(backbone.transformer_layers))
     x = hidden
     if x is None:

@@ -63,6 +63,14 @@ class Shared:
             ),
         )
 
+    def embedder(self, name):
+        """The tiny text embedder preset `name` (`testing/embedders.py`)."""
+        from vllm_keras_hub.testing.embedders import build_tiny_embedder
+
+        return self._made_once(
+            f"presets/embedder-{name}", lambda path: build_tiny_embedder(name, path)
+        )
+
     def vision_preset(self, family="gemma3", bidirectional=False):
         """The tiny preset with a served vision encoder and image converter."""
         from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset

@@ -1,0 +1,109 @@
+"""Tiny random-weight `TextEmbedder` presets, for tests.
+
+Each is a real KerasHub text embedder (backbone, preprocessor, tokenizer)
+saved with `save_to_preset`, on the tiny backbones of `presets.py`: 2 layers,
+head size 32, and a sliding window shorter than the test texts.
+"""
+
+import os
+
+import keras
+import keras_hub
+
+from vllm_keras_hub.testing.presets import backbone_kwargs
+from vllm_keras_hub.testing.tokenizers import make_tokenizer
+
+# name -> (TextEmbedder class, tiny family, backbone extras, embedder kwargs)
+TINY_EMBEDDERS = {
+    # EmbeddingGemma's form: bidirectional attention, and the mean pooling,
+    # two projections and normalization inside the backbone. Served up to
+    # 32 tokens, half its window (`export/embedder.py`); 256 wide, so it has
+    # a smaller Matryoshka dimension (128).
+    "embedding_gemma": (
+        "Gemma3TextEmbedder",
+        "gemma3",
+        dict(
+            use_bidirectional_attention=True,
+            is_embedding_model=True,
+            pooling_intermediate_dim=96,
+            embedding_dim=256,
+            sliding_window_size=64,
+        ),
+        {},
+    ),
+    # `harrier_embedding_oss_270m`'s form: a causal Gemma3, last token.
+    "gemma3_last": ("Gemma3TextEmbedder", "gemma3", {}, dict(pooling_mode="last")),
+    # `qwen3_embedding_*`: causal Qwen3, last token (its `<|im_end|>`).
+    "qwen3_last": ("Qwen3TextEmbedder", "qwen3", {}, dict(pooling_mode="last")),
+    # Mean pooling, not normalized.
+    "qwen3_mean": (
+        "Qwen3TextEmbedder",
+        "qwen3",
+        {},
+        dict(pooling_mode="mean", normalize=False),
+    ),
+}
+
+
+def build_tiny_embedder(name, directory, seed=0):
+    """Saves the tiny random-weight embedder `name` into `directory`.
+
+    Args:
+        name: A key of `TINY_EMBEDDERS`.
+        directory: Where to save; created if missing.
+        seed: Weight initialisation seed.
+
+    Returns:
+        `directory`.
+    """
+    embedder_name, family, extras, options = TINY_EMBEDDERS[name]
+    keras.utils.set_random_seed(seed)
+    tokenizer = make_tokenizer(family)
+    kwargs = {**backbone_kwargs(family, tokenizer.vocabulary_size()), **extras}
+    embedder_cls = getattr(keras_hub.models, embedder_name)
+    backbone = embedder_cls.backbone_cls(**kwargs)
+    preprocessor = embedder_cls.preprocessor_cls(tokenizer=tokenizer)
+    embedder = embedder_cls(backbone=backbone, preprocessor=preprocessor, **options)
+    os.makedirs(directory, exist_ok=True)
+    embedder.save_to_preset(directory)
+    return directory
+
+
+def keras_hub_embeddings(preset, texts):
+    """The preset's own embeddings of `texts`, and each text's token count.
+
+    What `TextEmbedder.encode_text(texts)` computes: its preprocessor packs
+    the texts (start, end and pad tokens), the task model maps them to
+    embeddings. `encode_text` itself batches through `predict()`, whose
+    input pipeline needs `grain` or TensorFlow (neither is installed here),
+    so the two steps are called directly.
+
+    Returns:
+        `(embeddings, token_counts)`: a `(len(texts), size)` float64 array
+        and a list of ints.
+    """
+    embedder = keras_hub.models.TextEmbedder.from_preset(preset)
+    inputs = embedder.preprocessor(texts)
+    embeddings = keras.ops.convert_to_numpy(embedder(inputs, training=False))
+    counts = keras.ops.convert_to_numpy(inputs["padding_mask"]).sum(axis=1)
+    return embeddings.astype("float64"), [int(count) for count in counts]
+
+
+def build_tiny_bert_embedder(directory):
+    """Saves a tiny random-weight `BertTextEmbedder` (served: no; refused)."""
+    keras.utils.set_random_seed(0)
+    vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "fox"]
+    tokenizer = keras_hub.tokenizers.BertTokenizer(vocabulary=vocabulary)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=len(vocabulary),
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=64,
+        intermediate_dim=128,
+        max_sequence_length=32,
+    )
+    preprocessor = keras_hub.models.BertTextEmbedderPreprocessor(tokenizer=tokenizer)
+    embedder = keras_hub.models.BertTextEmbedder(backbone=backbone, preprocessor=preprocessor)
+    os.makedirs(directory, exist_ok=True)
+    embedder.save_to_preset(directory)
+    return directory
