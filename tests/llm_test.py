@@ -13,7 +13,7 @@ import pytest
 from vllm import SamplingParams
 
 from vllm_keras_hub import KerasHubLLM
-from vllm_keras_hub.export.preset_folder import ModelFolder
+from vllm_keras_hub.export.model_folder import ModelFolder
 from vllm_keras_hub.testing.engines import TEST_ENGINE_KWARGS
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.oracle import keras_hub_greedy

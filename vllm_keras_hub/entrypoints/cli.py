@@ -85,7 +85,7 @@ def serve(model, vllm_argv):
     from vllm.logger import configure_logging_from_args
 
     from vllm_keras_hub import settings
-    from vllm_keras_hub.export.preset_folder import ModelFolder
+    from vllm_keras_hub.export.model_folder import ModelFolder
     from vllm_keras_hub.lora.merged import adapter_loader_config
     from vllm_keras_hub.plugin import register
 

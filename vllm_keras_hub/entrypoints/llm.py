@@ -13,7 +13,7 @@ from vllm_keras_hub import backend
 backend.default_to_torch()
 
 from vllm_keras_hub import settings  # noqa: E402
-from vllm_keras_hub.export.preset_folder import ModelFolder  # noqa: E402
+from vllm_keras_hub.export.model_folder import ModelFolder  # noqa: E402
 from vllm_keras_hub.export.preset_folder import strip_prefix  # noqa: E402
 from vllm_keras_hub.lora import adapters as lora_adapters  # noqa: E402
 from vllm_keras_hub.lora.merged import adapter_loader_config  # noqa: E402

@@ -7,6 +7,7 @@ import keras_hub
 import pytest
 
 from vllm_keras_hub.export import chat_templates
+from vllm_keras_hub.export import model_folder
 from vllm_keras_hub.export import preset_folder
 from vllm_keras_hub.models import families
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
@@ -33,7 +34,7 @@ def read(folder, name):
 
 
 def test_folder_holds_config_tokenizer_and_generation_config_but_no_weights(tiny):
-    folder = preset_folder.ModelFolder(tiny("llama3"))
+    folder = model_folder.ModelFolder(tiny("llama3"))
     try:
         files = sorted(os.listdir(folder.path))
         assert "config.json" in files and "generation_config.json" in files
@@ -55,7 +56,7 @@ def test_folder_holds_config_tokenizer_and_generation_config_but_no_weights(tiny
 
 
 def test_max_model_len_becomes_the_position_limit(tiny):
-    folder = preset_folder.ModelFolder(tiny("qwen"), max_model_len=100)
+    folder = model_folder.ModelFolder(tiny("qwen"), max_model_len=100)
     try:
         assert read(folder.path, "config.json")["max_position_embeddings"] == 100
     finally:
@@ -63,7 +64,7 @@ def test_max_model_len_becomes_the_position_limit(tiny):
 
 
 def test_learned_positions_cap_the_context(tiny):
-    folder = preset_folder.ModelFolder(tiny("gpt2"))
+    folder = model_folder.ModelFolder(tiny("gpt2"))
     try:
         assert read(folder.path, "config.json")["max_position_embeddings"] == 256
     finally:
@@ -82,7 +83,7 @@ def test_learned_positions_cap_the_context(tiny):
     ],
 )
 def test_stop_ids_are_generates_and_the_chat_formats(tiny, family, stop_tokens):
-    folder = preset_folder.ModelFolder(tiny(family))
+    folder = model_folder.ModelFolder(tiny(family))
     try:
         tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(tiny(family))
         expected = [tokenizer.token_to_id(token) for token in stop_tokens]
@@ -102,7 +103,7 @@ def test_stop_ids_are_generates_and_the_chat_formats(tiny, family, stop_tokens):
     ],
 )
 def test_generation_config_carries_the_default_sampler(tiny, family, fields):
-    folder = preset_folder.ModelFolder(tiny(family))
+    folder = model_folder.ModelFolder(tiny(family))
     try:
         generation_config = read(folder.path, "generation_config.json")
         assert {key: generation_config.get(key) for key in fields} == fields
@@ -113,9 +114,9 @@ def test_generation_config_carries_the_default_sampler(tiny, family, fields):
 def test_unknown_preset_names_the_preset_and_cause(tmp_path):
     missing = str(tmp_path / "no_such_preset")
     with pytest.raises(preset_folder.PresetError, match="no_such_preset"):
-        preset_folder.ModelFolder(missing)
+        model_folder.ModelFolder(missing)
     with pytest.raises(preset_folder.PresetError, match="not_a_preset_name_xyz"):
-        preset_folder.ModelFolder("not_a_preset_name_xyz")
+        model_folder.ModelFolder("not_a_preset_name_xyz")
 
 
 def test_unsupported_family_lists_the_supported_ones(tmp_path):
@@ -124,7 +125,7 @@ def test_unsupported_family_lists_the_supported_ones(tmp_path):
     )
     backbone.save_to_preset(str(tmp_path))
     with pytest.raises(families.UnsupportedFamilyError) as error:
-        preset_folder.ModelFolder(str(tmp_path))
+        model_folder.ModelFolder(str(tmp_path))
     message = str(error.value)
     assert "RWKV7" in message and "recurrent state" in message
     for name in families.supported_families():
@@ -174,7 +175,7 @@ def test_chat_template_is_the_familys_or_a_clear_refusal(tiny):
     from transformers import AutoTokenizer
 
     messages = [{"role": "user", "content": "Hi"}]
-    folder = preset_folder.ModelFolder(tiny("gemma"))
+    folder = model_folder.ModelFolder(tiny("gemma"))
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder.path)
         prompt = tokenizer.apply_chat_template(
@@ -187,7 +188,7 @@ def test_chat_template_is_the_familys_or_a_clear_refusal(tiny):
             )
     finally:
         folder.cleanup()
-    folder = preset_folder.ModelFolder(tiny("gpt2"))
+    folder = model_folder.ModelFolder(tiny("gpt2"))
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder.path)
         with pytest.raises(
@@ -212,7 +213,7 @@ def test_a_family_without_chat_format_gets_the_clear_refusal(tiny, family):
     from jinja2.exceptions import TemplateError
     from transformers import AutoTokenizer
 
-    folder = preset_folder.ModelFolder(tiny(family))
+    folder = model_folder.ModelFolder(tiny(family))
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder.path)
         with pytest.raises(TemplateError, match="no chat format.*--chat-template"):
@@ -224,9 +225,9 @@ def test_a_family_without_chat_format_gets_the_clear_refusal(tiny, family):
 
 
 def test_same_preset_and_settings_share_one_folder_until_the_last_lets_go(tiny):
-    first = preset_folder.ModelFolder(tiny("gpt2"))
-    second = preset_folder.ModelFolder(tiny("gpt2"))
-    other = preset_folder.ModelFolder(tiny("gpt2"), max_model_len=100)
+    first = model_folder.ModelFolder(tiny("gpt2"))
+    second = model_folder.ModelFolder(tiny("gpt2"))
+    other = model_folder.ModelFolder(tiny("gpt2"), max_model_len=100)
     try:
         # vLLM keys its compile caches by this path: it must be stable.
         assert first.path == second.path != other.path
@@ -255,10 +256,10 @@ def test_the_folder_follows_every_backbone_setting_but_the_name(tiny, tmp_path):
         change(saved["config"])
         with open(os.path.join(preset, "config.json"), "w") as f:
             json.dump(saved, f)
-        return preset_folder.ModelFolder(preset)
+        return model_folder.ModelFolder(preset)
 
     folders = [
-        preset_folder.ModelFolder(preset),
+        model_folder.ModelFolder(preset),
         folder_after(lambda config: config.update(name="llama3_backbone_7")),
         folder_after(lambda config: config.update(rope_max_wavelength=20000)),
     ]
@@ -273,7 +274,7 @@ def test_the_folder_follows_every_backbone_setting_but_the_name(tiny, tmp_path):
 
 
 def test_a_dead_process_does_not_keep_a_folder(tiny):
-    folder = preset_folder.ModelFolder(tiny("gpt2"))
+    folder = model_folder.ModelFolder(tiny("gpt2"))
     # A user that died without cleaning up (SIGKILL) still has its marker.
     open(os.path.join(folder.path + ".users", f"{_finished_pid()}-crashed"), "w").close()
     folder.cleanup()
@@ -289,7 +290,7 @@ def _finished_pid():
 def test_gemma4_chat_prompt_tokenizes_its_turn_pieces_whole(tiny):
     from transformers import AutoTokenizer
 
-    folder = preset_folder.ModelFolder(tiny("gemma4"))
+    folder = model_folder.ModelFolder(tiny("gemma4"))
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder.path)
         prompt = tokenizer.apply_chat_template(

@@ -1,0 +1,118 @@
+"""A temporary model folder of a preset, shared by the engines that use it.
+
+`ModelFolder` writes a preset's model folder (`preset_folder.py`) under a
+path derived from its contents, and removes it when its last user lets go.
+"""
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+import weakref
+
+from vllm_keras_hub.export.preset_folder import write_model_folder
+from vllm_keras_hub.models import families
+
+
+def _content_digest(directory):
+    digest = hashlib.sha256()
+    for root, folders, names in sorted(os.walk(directory)):
+        folders.sort()
+        for name in sorted(names):
+            path = os.path.join(root, name)
+            digest.update(os.path.relpath(path, directory).encode() + b"\0")
+            with open(path, "rb") as f:
+                digest.update(f.read())
+    return digest.hexdigest()[:20]
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+@contextlib.contextmanager
+def _locked():
+    # One lock file for all model folders: it is never removed, so no user
+    # can lock a file another has just deleted.
+    with open(os.path.join(tempfile.gettempdir(), "vllm_keras_hub.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _release(path, marker):
+    """Drops one user of a shared folder; the last live user removes it."""
+    with _locked():
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(marker)
+        users = path + ".users"
+        live = [
+            name
+            for name in (os.listdir(users) if os.path.isdir(users) else [])
+            if _pid_alive(int(name.split("-")[0]))
+        ]
+        if not live:
+            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(users, ignore_errors=True)
+
+
+class ModelFolder:
+    """A temporary model folder, removed on `cleanup()`, GC or exit.
+
+    The folder's path is derived from its contents, so the same preset with
+    the same settings gets the same path each time. vLLM keys its
+    torch.compile caches by the model path: a stable path lets a restarted
+    engine reuse its compiled kernels, where a fresh path each time would
+    compile from scratch and leave a new cache folder behind on every start.
+    Engines that share a folder at once (in this or other processes) each
+    hold it; the last one to let go removes it.
+
+    Args:
+        preset: Anything `keras_hub.models.CausalLM.from_preset` accepts.
+        max_model_len: See `write_model_folder`.
+    """
+
+    def __init__(self, preset, max_model_len=None):
+        staging = tempfile.mkdtemp(prefix="vllm_keras_hub_staging_")
+        try:
+            self.tokenizer_mode = write_model_folder(
+                preset, staging, max_model_len=max_model_len
+            )
+            self.path = os.path.join(
+                tempfile.gettempdir(), f"vllm_keras_hub_{_content_digest(staging)}"
+            )
+            marker = os.path.join(
+                self.path + ".users", f"{os.getpid()}-{uuid.uuid4().hex}"
+            )
+            with _locked():
+                if os.path.isdir(self.path):
+                    shutil.rmtree(staging)
+                else:
+                    os.rename(staging, self.path)
+                os.makedirs(self.path + ".users", exist_ok=True)
+                open(marker, "w").close()
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self._finalizer = weakref.finalize(self, _release, self.path, marker)
+        with open(os.path.join(self.path, "config.json")) as f:
+            config = json.load(f)
+        self.family = families.family_by_name(config["keras_hub_family"])
+        # The image format of a preset served with images (`export/image_format.py`),
+        # else `None`.
+        self.images = config.get("keras_hub_image")
+        # A text embedder's pooling (`export/embedder.py`), else `None`.
+        self.embedder = config.get("keras_hub_embedder")
+
+    def cleanup(self):
+        """Lets go of the folder now. Safe to call more than once."""
+        self._finalizer()
