@@ -304,6 +304,13 @@ def _write_embedder_folder(
     )
     model_config.save_pretrained(directory)
     embedder.write_pooling_files(directory)
+    # vLLM renders `messages` sent to /v1/embeddings with the chat template.
+    message = (
+        f"{embedder.task} embeds texts and has no chat format: send them as "
+        "`input` to /v1/embeddings."
+    )
+    with open(os.path.join(directory, chat_templates.CHAT_TEMPLATE_FILE), "w") as f:
+        f.write("{{ raise_exception(%s) }}" % json.dumps(message))
     return _write_tokenizer(
         preset,
         tokenizer,

@@ -1,0 +1,80 @@
+import json
+import os
+
+import keras_hub
+import pytest
+from transformers import AutoTokenizer
+
+from vllm_keras_hub.export import embedder as embedder_lib
+from vllm_keras_hub.export.preset_folder import write_model_folder
+from vllm_keras_hub.testing.embedders import TINY_EMBEDDERS
+
+TEXTS = ["Hi", "Mars is red", "The quick brown fox jumps over the lazy dog."]
+
+
+@pytest.fixture(scope="module", params=sorted(TINY_EMBEDDERS))
+def exported(request, shared, tmp_path_factory):
+    preset = shared.embedder(request.param)
+    folder = str(tmp_path_factory.mktemp(request.param))
+    write_model_folder(preset, folder)
+    return request.param, preset, folder
+
+
+def _read(folder, *path):
+    with open(os.path.join(folder, *path)) as f:
+        return json.load(f)
+
+
+def test_the_tokenizer_packs_texts_as_the_preprocessor_does(exported):
+    _, preset, folder = exported
+    preprocessor = keras_hub.models.TextEmbedder.from_preset(preset).preprocessor
+    packed = preprocessor(TEXTS)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    for text, ids, mask in zip(TEXTS, packed["token_ids"], packed["padding_mask"]):
+        assert tokenizer(text)["input_ids"] == [int(i) for i in ids[mask.bool()]]
+
+
+def test_the_folder_says_how_the_preset_pools(exported):
+    name, _, folder = exported
+    config = _read(folder, "config.json")
+    assert config["architectures"] == [embedder_lib.EMBEDDING_ARCHITECTURE]
+    modules = [module["type"].rpartition(".")[2] for module in _read(folder, "modules.json")]
+    pooling = _read(folder, "1_Pooling", "config.json")["pooling_mode"]
+    want = {
+        "embedding_gemma": ("mean", True, 256, False, 32),
+        "gemma3_last": ("lasttoken", True, 128, True, None),
+        "qwen3_last": ("lasttoken", True, 128, True, None),
+        "qwen3_mean": ("mean", False, 128, True, None),
+    }[name]
+    got = (
+        pooling,
+        "Normalize" in modules,
+        config["embedding_size"],
+        config["is_causal"],
+        config["keras_hub_embedder"]["max_tokens"],
+    )
+    assert got == want
+    # No Dense module: vLLM would run its own copy of the projection.
+    assert set(modules) <= {"Pooling", "Normalize"}
+    if name == "embedding_gemma":
+        assert config["matryoshka_dimensions"] == [256, 128]
+        assert config["max_position_embeddings"] == 32
+
+
+@pytest.mark.parametrize(
+    "window, served", [(512, 256), (64, 32), (8, 4), (7, 4), (5, 3)]
+)
+def test_the_exact_length_is_the_shorter_side_of_the_band_plus_one(window, served):
+    config = {"use_sliding_window_attention": True, "sliding_window_size": window}
+    assert embedder_lib.bidirectional_window_limit(config) == served
+    # The band of `_compute_bidirectional_sliding_mask`: every pair of
+    # tokens within `served` tokens is inside it, and one more is not.
+    right = window // 2
+    left = window - right - 1
+    assert served - 1 <= min(left, right) and served > min(left, right)
+
+
+def test_a_generating_preset_is_no_embedder(shared):
+    preset = shared.preset("qwen3")
+    config = _read(preset, "config.json")["config"]
+    assert embedder_lib.read_embedder(preset, "Qwen3Backbone", config) is None
