@@ -1,0 +1,137 @@
+"""The same random embedder weights as a sentence-transformers folder and a preset.
+
+A random transformers model is saved with the sentence-transformers files
+vLLM's native embedders read (`modules.json`, pooling, dense projections);
+keras-hub's own converter loads that folder into a KerasHub backbone, which
+is saved as a `TextEmbedder` preset. vLLM native serves the folder, and
+vllm-keras-hub the preset. The folder gets the preset's exported tokenizer,
+so both tokenize alike.
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+
+from vllm_keras_hub.testing.tokenizers import make_tokenizer
+
+_TINY = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+)
+# keras-hub's Gemma3 converter builds EmbeddingGemma's first projection
+# 3072 wide, whatever the checkpoint (`convert_gemma3.py`).
+_EMBEDDING_GEMMA_POOLING_DIM = 3072
+
+
+def _write_json(path, value):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(value, f, indent=2)
+
+
+def _sentence_transformers_files(folder, pooling_mode, dense=()):
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
+    modules.append(
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}
+    )
+    _write_json(os.path.join(folder, "1_Pooling", "config.json"), {pooling_mode: True})
+    for index, (name, weight) in enumerate(dense, start=2):
+        from safetensors.numpy import save_file
+
+        modules.append(
+            {"idx": index, "name": str(index), "path": name, "type": "sentence_transformers.models.Dense"}
+        )
+        out_features, in_features = weight.shape
+        _write_json(
+            os.path.join(folder, name, "config.json"),
+            {
+                "in_features": in_features,
+                "out_features": out_features,
+                "bias": False,
+                "activation_function": "torch.nn.modules.linear.Identity",
+            },
+        )
+        save_file({"linear.weight": weight}, os.path.join(folder, name, "model.safetensors"))
+    modules.append(
+        {"idx": len(modules), "name": str(len(modules)), "path": "2_Normalize",
+         "type": "sentence_transformers.models.Normalize"}
+    )  # fmt: skip
+    _write_json(os.path.join(folder, "modules.json"), modules)
+
+
+def _save_qwen3(folder, vocabulary_size):
+    import transformers
+
+    config = transformers.Qwen3Config(**_TINY, vocab_size=vocabulary_size)
+    _save(transformers.AutoModelForCausalLM, config, folder)
+    _sentence_transformers_files(folder, "pooling_mode_lasttoken")
+
+
+def _save_embedding_gemma(folder, vocabulary_size):
+    import transformers
+
+    config = transformers.Gemma3TextConfig(
+        **_TINY,
+        vocab_size=vocabulary_size,
+        use_bidirectional_attention=True,
+        sliding_window=64,
+        # As in Gemma3's checkpoints: keras-hub's converter scales queries by
+        # head_dim only when this equals it.
+        query_pre_attn_scalar=_TINY["head_dim"],
+        architectures=["Gemma3TextModel"],
+    )
+    _save(transformers.AutoModel, config, folder)
+    rng = np.random.default_rng(0)
+    width = _EMBEDDING_GEMMA_POOLING_DIM
+    dense = (
+        ("2_Dense", rng.normal(0, 0.05, (width, 128)).astype("float32")),
+        ("3_Dense", rng.normal(0, 0.05, (128, width)).astype("float32")),
+    )
+    _sentence_transformers_files(folder, "pooling_mode_mean_tokens", dense)
+
+
+def _save(auto_class, config, folder):
+    import torch
+
+    torch.manual_seed(0)
+    auto_class.from_config(config, dtype=torch.float32).save_pretrained(folder)
+
+
+PAIRS = {
+    "qwen3": ("Qwen3TextEmbedder", "qwen3", _save_qwen3),
+    "embedding_gemma": ("Gemma3TextEmbedder", "gemma3", _save_embedding_gemma),
+}
+
+
+def save_pair(name, directory):
+    """Saves embedder `name`'s folder and preset under `directory`.
+
+    Returns:
+        `(sentence_transformers_folder, preset_folder)`.
+    """
+    import keras_hub
+
+    from vllm_keras_hub.export.preset_folder import write_model_folder
+
+    embedder_name, family, save = PAIRS[name]
+    hf_folder = os.path.join(directory, "hf")
+    preset = os.path.join(directory, "preset")
+    tokenizer = make_tokenizer(family)
+    save(hf_folder, tokenizer.vocabulary_size())
+    embedder_cls = getattr(keras_hub.models, embedder_name)
+    backbone = keras_hub.models.Backbone.from_preset(hf_folder)
+    preprocessor = embedder_cls.preprocessor_cls(tokenizer=tokenizer)
+    embedder_cls(backbone=backbone, preprocessor=preprocessor).save_to_preset(preset)
+    exported = os.path.join(directory, "exported")
+    write_model_folder(preset, exported)
+    for name in os.listdir(exported):
+        if name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(os.path.join(exported, name), hf_folder)
+    return hf_folder, preset
+
