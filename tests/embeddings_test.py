@@ -8,7 +8,10 @@ batch of texts of different lengths:
   folder, with no runner flag, as `vllm serve` would;
 - `qwen3_last`: causal, last token (Qwen3's appended `<|im_end|>`), compiled,
   with prefill chunked into 8-token steps;
-- `qwen3_mean`: mean pooling, not normalized.
+- `qwen3_mean`: mean pooling, not normalized;
+- `bert_mean` and `xlm_roberta_cls`: encoders (vLLM's encoder-only kernel,
+  learned positions at vLLM's per-token positions), mean and first-token
+  pooling, tokenized by their own KerasHub tokenizers.
 The oracle is each preset's own `TextEmbedder` (`keras_hub_embeddings`).
 """
 
@@ -42,7 +45,11 @@ ENGINES = {
         enforce_eager=False, max_num_batched_tokens=8, max_num_seqs=4
     ),
     "qwen3_mean": dict(),
+    # Their position tables hold 64 positions.
+    "bert_mean": dict(max_model_len=64),
+    "xlm_roberta_cls": dict(max_model_len=64),
 }
+BIDIRECTIONAL = ("embedding_gemma", "bert_mean", "xlm_roberta_cls")
 
 
 @pytest.fixture(scope="module", params=sorted(ENGINES))
@@ -112,8 +119,8 @@ def test_each_text_alone_equals_it_in_the_batch(llm, oracle):
 
 def test_matryoshka_dimensions_truncate_then_normalize(llm, oracle, name):
     want, _ = oracle
-    if name == "gemma3_last":
-        # Gemma3TextEmbedder on a causal backbone: no Matryoshka training.
+    if name in ("gemma3_last", "bert_mean", "xlm_roberta_cls"):
+        # No Matryoshka training: Gemma3TextEmbedder on a causal backbone, encoders.
         with pytest.raises(VLLMValidationError, match="does not support Matryoshka"):
             llm.embed(TEXTS[:1], pooling_params=PoolingParams(dimensions=8), use_tqdm=False)
         return
@@ -127,7 +134,7 @@ def test_matryoshka_dimensions_truncate_then_normalize(llm, oracle, name):
 
 def test_vllm_schedules_as_the_pooling_allows(llm, name):
     config = llm.llm_engine.vllm_config
-    bidirectional = name == "embedding_gemma"
+    bidirectional = name in BIDIRECTIONAL
     assert (config.model_config.attn_type == "encoder_only") == bidirectional
     # Mean pooling and bidirectional attention need each text whole; the
     # last token's state does not (qwen3_last's 8-token steps).
@@ -149,9 +156,23 @@ def test_tensor_parallelism_is_refused(shared):
         KerasHubLLM(f"keras_hub:{preset}", tensor_parallel_size=2, **TEST_ENGINE_KWARGS)
 
 
-def test_a_bert_embedder_is_refused_with_its_reason(tmp_path):
-    from vllm_keras_hub.testing.embedders import build_tiny_bert_embedder
+def test_an_encoder_preset_that_is_no_embedder_is_refused(shared, tmp_path):
+    import keras_hub
 
-    preset = build_tiny_bert_embedder(str(tmp_path / "bert"))
-    with pytest.raises(embedder_lib.EmbedderError, match="BertTextEmbedder"):
+    embedder = shared.embedder("bert_mean")
+    keras_hub.models.Backbone.from_preset(embedder).save_to_preset(str(tmp_path / "bert"))
+    keras_hub.tokenizers.Tokenizer.from_preset(embedder).save_to_preset(str(tmp_path / "bert"))
+    with pytest.raises(embedder_lib.EmbedderError, match="served only as one"):
+        KerasHubLLM(f"keras_hub:{tmp_path / 'bert'}", **TEST_ENGINE_KWARGS)
+
+
+def test_max_pooling_is_refused_with_its_reason(shared, tmp_path):
+    import json
+    import shutil
+
+    preset = shutil.copytree(shared.embedder("bert_mean"), tmp_path / "bert")
+    task = json.loads((preset / "task.json").read_text())
+    task["config"]["pooling_mode"] = "max"
+    (preset / "task.json").write_text(json.dumps(task))
+    with pytest.raises(embedder_lib.EmbedderError, match="pooling_mode='max' has no vLLM"):
         KerasHubLLM(f"keras_hub:{preset}", **TEST_ENGINE_KWARGS)

@@ -54,3 +54,11 @@ def register():
     RENDERER_REGISTRY.register(
         config.KERAS_HUB_TOKENIZER_MODE, "vllm.renderers.hf", "HfRenderer"
     )
+    TokenizerRegistry.register(
+        config.KERAS_HUB_EMBEDDER_TOKENIZER_MODE,
+        "vllm_keras_hub.export.embedder_tokenizer",
+        "KerasHubEmbedderTokenizer",
+    )
+    RENDERER_REGISTRY.register(
+        config.KERAS_HUB_EMBEDDER_TOKENIZER_MODE, "vllm.renderers.hf", "HfRenderer"
+    )

@@ -22,15 +22,13 @@ EMBEDDING_ARCHITECTURE = "KerasHubForEmbedding"
 SERVED = {
     "Gemma3TextEmbedder": "Gemma3Backbone",
     "Qwen3TextEmbedder": "Qwen3Backbone",
+    "BertTextEmbedder": "BertBackbone",
+    "XLMRobertaTextEmbedder": "XLMRobertaBackbone",
 }
-REFUSED = {
-    name: (
-        f"{name} presets are not served yet: their backbone is an encoder "
-        "(BERT / XLM-RoBERTa layers, learned positions, token types), which "
-        "has no route to vLLM's encoder-only attention in vllm-keras-hub."
-    )
-    for name in ("BertTextEmbedder", "XLMRobertaTextEmbedder")
-}
+# Encoders: every token attends to the whole text.
+ENCODERS = ("BertTextEmbedder", "XLMRobertaTextEmbedder")
+# KerasHub `pooling_mode` -> vLLM's sequence pooling type.
+POOLING = {"mean": "MEAN", "last": "LAST", "cls": "CLS"}
 
 # The Matryoshka dimensions of each form's published model, from its model
 # card: EmbeddingGemma is trained for 768, 512, 256 and 128; Qwen3-Embedding
@@ -49,7 +47,7 @@ class Embedder:
     Args:
         task: The `TextEmbedder` class name, or the backbone's for an
             EmbeddingGemma backbone saved without one.
-        pooling: vLLM's sequence pooling type: `"MEAN"` or `"LAST"`.
+        pooling: vLLM's sequence pooling type: `"MEAN"`, `"LAST"` or `"CLS"`.
         normalize: Whether embeddings are L2-normalized.
         projection: Whether the backbone's own projection head follows the
             pooling (EmbeddingGemma's two Dense layers).
@@ -95,7 +93,7 @@ class Embedder:
         os.makedirs(os.path.join(directory, "1_Pooling"), exist_ok=True)
         with open(os.path.join(directory, "modules.json"), "w") as f:
             json.dump(modules, f, indent=2)
-        mode = {"MEAN": "mean", "LAST": "lasttoken"}[self.pooling]
+        mode = {"MEAN": "mean", "LAST": "lasttoken", "CLS": "cls"}[self.pooling]
         with open(os.path.join(directory, "1_Pooling", "config.json"), "w") as f:
             json.dump({"pooling_mode": mode}, f, indent=2)
 
@@ -117,8 +115,6 @@ def read_embedder(preset, backbone_cls_name, backbone_config):
     """
     task = _task_config(preset)
     name = (task or {}).get("class_name", "").rpartition(">")[2]
-    if name in REFUSED:
-        raise EmbedderError(f"Cannot serve '{preset}': {REFUSED[name]}")
     in_backbone = bool(backbone_config.get("is_embedding_model"))
     if not name.endswith("TextEmbedder") and not in_backbone:
         return None
@@ -128,7 +124,9 @@ def read_embedder(preset, backbone_cls_name, backbone_config):
             f"served text embedder; served are {sorted(SERVED)}."
         )
     options = (task or {}).get("config", {})
-    bidirectional = bool(backbone_config.get("use_bidirectional_attention"))
+    bidirectional = name in ENCODERS or bool(
+        backbone_config.get("use_bidirectional_attention")
+    )
     max_tokens = bidirectional_window_limit(backbone_config) if bidirectional else None
     if in_backbone:
         # `Gemma3TextEmbedder` returns the backbone's `pooled_output` as is,
@@ -142,15 +140,15 @@ def read_embedder(preset, backbone_cls_name, backbone_config):
             bidirectional=bidirectional,
             max_tokens=max_tokens,
         )
-    pooling = options.get("pooling_mode", "last")
-    if pooling not in ("last", "mean"):
+    pooling = options.get("pooling_mode", "mean" if name in ENCODERS else "last")
+    if pooling not in POOLING:
         raise EmbedderError(
             f"Cannot serve '{preset}': pooling_mode={pooling!r} has no vLLM "
-            "pooling; 'last' and 'mean' do."
+            f"pooling; {', '.join(repr(mode) for mode in POOLING)} do."
         )
     return Embedder(
         task=name,
-        pooling=pooling.upper(),
+        pooling=POOLING[pooling],
         normalize=bool(options.get("normalize", True)),
         projection=False,
         size=int(backbone_config["hidden_dim"]),

@@ -6,6 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from vllm_keras_hub.export import embedder as embedder_lib
+from vllm_keras_hub.export.embedder_tokenizer import KerasHubEmbedderTokenizer
 from vllm_keras_hub.export.preset_folder import write_model_folder
 from vllm_keras_hub.testing.embedders import TINY_EMBEDDERS
 
@@ -16,8 +17,8 @@ TEXTS = ["Hi", "Mars is red", "The quick brown fox jumps over the lazy dog."]
 def exported(request, shared, tmp_path_factory):
     preset = shared.embedder(request.param)
     folder = str(tmp_path_factory.mktemp(request.param))
-    write_model_folder(preset, folder)
-    return request.param, preset, folder
+    mode = write_model_folder(preset, folder)
+    return request.param, preset, folder, mode
 
 
 def _read(folder, *path):
@@ -26,16 +27,21 @@ def _read(folder, *path):
 
 
 def test_the_tokenizer_packs_texts_as_the_preprocessor_does(exported):
-    _, preset, folder = exported
+    name, preset, folder, mode = exported
     preprocessor = keras_hub.models.TextEmbedder.from_preset(preset).preprocessor
     packed = preprocessor(TEXTS)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    # BERT's WordPiece and XLM-RoBERTa's unigram SentencePiece do not export.
+    encoders = ("bert_mean", "xlm_roberta_cls")
+    assert mode == ("keras_hub_embedder" if name in encoders else "auto")
+    tokenizer = (
+        KerasHubEmbedderTokenizer if name in encoders else AutoTokenizer
+    ).from_pretrained(folder)
     for text, ids, mask in zip(TEXTS, packed["token_ids"], packed["padding_mask"]):
         assert tokenizer(text)["input_ids"] == [int(i) for i in ids[mask.bool()]]
 
 
 def test_the_folder_says_how_the_preset_pools(exported):
-    name, _, folder = exported
+    name, _, folder, _ = exported
     config = _read(folder, "config.json")
     assert config["architectures"] == [embedder_lib.EMBEDDING_ARCHITECTURE]
     modules = [module["type"].rpartition(".")[2] for module in _read(folder, "modules.json")]
@@ -45,6 +51,8 @@ def test_the_folder_says_how_the_preset_pools(exported):
         "gemma3_last": ("lasttoken", True, 128, True, None),
         "qwen3_last": ("lasttoken", True, 128, True, None),
         "qwen3_mean": ("mean", False, 128, True, None),
+        "bert_mean": ("mean", True, 128, False, None),
+        "xlm_roberta_cls": ("cls", True, 128, False, None),
     }[name]
     got = (
         pooling,

@@ -27,6 +27,9 @@ LOAD_FORMAT = "keras_hub"
 # The tokenizer mode under which keras-hub's own `KerasHubTokenizer` serves a
 # tokenizer that cannot be exported exactly.
 KERAS_HUB_TOKENIZER_MODE = "keras_hub"
+# The same for a text embedder, which packs texts as its preprocessor does
+# (`export/embedder_tokenizer.py`).
+KERAS_HUB_EMBEDDER_TOKENIZER_MODE = "keras_hub_embedder"
 
 
 class KerasHubConfig(PretrainedConfig):

@@ -56,7 +56,8 @@ def read_preset(preset):
         preset: Anything `keras_hub.models.CausalLM.from_preset` accepts.
 
     Returns:
-        `(family, backbone_config, causal_lm_class)`.
+        `(family, backbone_config, causal_lm_class)`; no class for an
+        encoder family.
 
     Raises:
         PresetError: the preset is missing or unreadable, naming the cause.
@@ -79,6 +80,8 @@ def read_preset(preset):
     # An embedder's own reason first: BERT's is not a causal-LM family.
     embedder_lib.read_embedder(preset, backbone_cls.__name__, backbone_config)
     family = families.family_for_backbone(backbone_cls.__name__, preset)
+    if family.embedder_only:  # No CausalLM takes an encoder.
+        return family, backbone_config, None
     return family, backbone_config, sampling.causal_lm_class(preset)
 
 
@@ -230,6 +233,12 @@ def write_model_folder(preset, directory, max_model_len=None):
     family, backbone_config, causal_lm_cls = read_preset(preset)
     tokenizer = Tokenizer.from_preset(preset)
     embedder = embedder_lib.read_embedder(preset, family.backbone, backbone_config)
+    if embedder is None and family.embedder_only:
+        raise embedder_lib.EmbedderError(
+            f"Preset '{preset}' is a {family.display_name} model that is not a "
+            f"text embedder; {family.display_name} is served only as one "
+            f"({', '.join(sorted(embedder_lib.SERVED))})."
+        )
     if embedder is not None:
         return _write_embedder_folder(
             preset, directory, family, backbone_config, tokenizer, embedder, max_model_len
@@ -332,17 +341,14 @@ def _write_tokenizer(preset, tokenizer, directory, add_start_token, add_end_toke
         )
         return "auto"
     except tokenizer_export.TokenizerExportError as e:
-        if add_end_token:
-            # KerasHub's own tokenizer adapter would not append it.
-            raise embedder_lib.EmbedderError(
-                f"Cannot serve text embedder '{preset}': its tokenizer cannot be "
-                f"exported exactly ({e})."
-            ) from e
+        mode = config_lib.KERAS_HUB_TOKENIZER_MODE
+        if add_end_token:  # A text embedder's, which also appends the end token.
+            mode = config_lib.KERAS_HUB_EMBEDDER_TOKENIZER_MODE
         logger.warning(
             "Serving KerasHub's own tokenizer for '%s' (tokenizer_mode=%r): "
             "it cannot be exported exactly (%s).",
             preset,
-            config_lib.KERAS_HUB_TOKENIZER_MODE,
+            mode,
             e,
         )
-        return config_lib.KERAS_HUB_TOKENIZER_MODE
+        return mode

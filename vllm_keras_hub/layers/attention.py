@@ -83,6 +83,8 @@ class Route:
 
 # Attention-layer class name -> its route.
 ROUTES = {
+    # Keras's own class, in KerasHub's `TransformerEncoder` (encoder families).
+    "MultiHeadAttention": Route(routes.multi_head),
     "CachedMixtralAttention": Route(routes.mixtral),
     "QwenAttention": Route(routes.qwen),
     "QwenMoeAttention": Route(

@@ -112,6 +112,18 @@ def unfused_window(sliding_window):
     return sliding_window or None
 
 
+def multi_head(layer, hidden_states, positions):
+    # Keras's `MultiHeadAttention`, as KerasHub's `TransformerEncoder` (BERT,
+    # XLM-RoBERTa) calls it on self-attention: no position encoding inside.
+    query = layer._query_dense(hidden_states)
+    key = layer._key_dense(hidden_states)
+    value = layer._value_dense(hidden_states)
+    output = vllm_paged_attention(
+        query, key, value, layer._inverse_sqrt_key_dim, num_kv_heads=layer._num_heads
+    )
+    return layer._output_dense(output)
+
+
 def mixtral(layer, hidden_states, positions):
     # `CachedMixtralAttention`: a copy of Mistral's with public sublayers.
     query, key, value = rotary_qkv(layer, hidden_states, positions, PUBLIC_QKV)

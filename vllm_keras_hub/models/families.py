@@ -30,6 +30,8 @@ class Family:
             through the server).
         hybrid: Whether some layers keep a recurrent state in vLLM's state
             cache instead of a KV cache (`layers/state_routes.py`).
+        embedder_only: An encoder family, served only as a text embedder
+            (`export/embedder.py`), never to generate.
     """
 
     name: str
@@ -40,6 +42,7 @@ class Family:
     unsupported_reason: str = ""
     tensor_parallel: bool = False
     hybrid: bool = False
+    embedder_only: bool = False
 
 
 FAMILIES = (
@@ -95,6 +98,15 @@ FAMILIES = (
     Family(
         "qwen3_5_moe", "Qwen3.5-MoE", "Qwen3_5MoeBackbone", "vllm_keras_hub", hybrid=True
     ),
+    # Encoders: their text embedders only, attention bidirectional.
+    Family("bert", "BERT", "BertBackbone", "vllm_keras_hub", embedder_only=True),
+    Family(
+        "xlm_roberta",
+        "XLM-RoBERTa",
+        "XLMRobertaBackbone",
+        "vllm_keras_hub",
+        embedder_only=True,
+    ),
     Family(
         "rwkv7",
         "RWKV7",
@@ -114,8 +126,12 @@ class UnsupportedFamilyError(ValueError):
 
 
 def supported_families():
-    """Display names of the families that have a route, in table order."""
-    return [family.display_name for family in FAMILIES if family.route]
+    """Display names of the causal-LM families with a route, in table order."""
+    return [
+        family.display_name
+        for family in FAMILIES
+        if family.route and not family.embedder_only
+    ]
 
 
 def tensor_parallel_families():

@@ -46,7 +46,13 @@ def test_every_keras_hub_causal_lm_family_is_in_the_table():
 
 def test_unknown_backbone_is_refused_with_the_supported_list():
     with pytest.raises(families.UnsupportedFamilyError, match="GPT-2, OPT"):
-        families.family_for_backbone("BertBackbone", "bert_tiny")
+        families.family_for_backbone("T5Backbone", "t5_tiny")
+
+
+def test_encoder_families_are_not_listed_as_causal_lms():
+    supported = families.supported_families()
+    assert "BERT" not in supported and "XLM-RoBERTa" not in supported
+    assert families.family_for_backbone("BertBackbone").embedder_only
 
 
 def test_family_without_route_says_why():

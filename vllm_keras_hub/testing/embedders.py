@@ -42,7 +42,35 @@ TINY_EMBEDDERS = {
         {},
         dict(pooling_mode="mean", normalize=False),
     ),
+    # Encoders (`_ENCODERS`): sentence-transformers' MiniLM form (BERT, mean
+    # pooling), and XLM-RoBERTa with the first token's state (`cls`).
+    "bert_mean": ("BertTextEmbedder", "bert", {}, {}),
+    "xlm_roberta_cls": ("XLMRobertaTextEmbedder", "xlm_roberta", {}, dict(pooling_mode="cls")),
 }
+
+_ENCODER = dict(
+    num_layers=2, num_heads=4, hidden_dim=128, intermediate_dim=256, max_sequence_length=64
+)
+# The tiny BERT vocabulary: specials, punctuation, letters alone and as
+# word pieces (so every lowercase word tokenizes), and whole test words.
+_WORDPIECE_VOCABULARY = (
+    ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    + list(".,?!'")
+    + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    + ["##" + chr(c) for c in range(ord("a"), ord("z") + 1)]
+    + "the quick brown fox jumps over lazy dog mars is red which planet hi".split()
+)
+
+
+def encoder_tokenizer(family):
+    """The tiny tokenizer of encoder `family`: `"bert"` or `"xlm_roberta"`."""
+    from vllm_keras_hub.testing.tokenizers import tiny_sentencepiece_proto
+
+    if family == "bert":
+        return keras_hub.tokenizers.BertTokenizer(vocabulary=_WORDPIECE_VOCABULARY)
+    return keras_hub.tokenizers.XLMRobertaTokenizer(
+        proto=tiny_sentencepiece_proto(layout="llama")
+    )
 
 
 def build_tiny_embedder(name, directory, seed=0):
@@ -58,11 +86,18 @@ def build_tiny_embedder(name, directory, seed=0):
     """
     embedder_name, family, extras, options = TINY_EMBEDDERS[name]
     keras.utils.set_random_seed(seed)
-    tokenizer = make_tokenizer(family)
-    kwargs = {**backbone_kwargs(family, tokenizer.vocabulary_size()), **extras}
+    packing = {}
+    if family in ("bert", "xlm_roberta"):
+        tokenizer = encoder_tokenizer(family)
+        kwargs = {**_ENCODER, "vocabulary_size": tokenizer.vocabulary_size()}
+        # Packed no longer than its position table (256 by default).
+        packing = dict(sequence_length=_ENCODER["max_sequence_length"])
+    else:
+        tokenizer = make_tokenizer(family)
+        kwargs = {**backbone_kwargs(family, tokenizer.vocabulary_size()), **extras}
     embedder_cls = getattr(keras_hub.models, embedder_name)
     backbone = embedder_cls.backbone_cls(**kwargs)
-    preprocessor = embedder_cls.preprocessor_cls(tokenizer=tokenizer)
+    preprocessor = embedder_cls.preprocessor_cls(tokenizer=tokenizer, **packing)
     embedder = embedder_cls(backbone=backbone, preprocessor=preprocessor, **options)
     os.makedirs(directory, exist_ok=True)
     embedder.save_to_preset(directory)
@@ -88,22 +123,3 @@ def keras_hub_embeddings(preset, texts):
     counts = keras.ops.convert_to_numpy(inputs["padding_mask"]).sum(axis=1)
     return embeddings.astype("float64"), [int(count) for count in counts]
 
-
-def build_tiny_bert_embedder(directory):
-    """Saves a tiny random-weight `BertTextEmbedder` (served: no; refused)."""
-    keras.utils.set_random_seed(0)
-    vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "fox"]
-    tokenizer = keras_hub.tokenizers.BertTokenizer(vocabulary=vocabulary)
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=len(vocabulary),
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=64,
-        intermediate_dim=128,
-        max_sequence_length=32,
-    )
-    preprocessor = keras_hub.models.BertTextEmbedderPreprocessor(tokenizer=tokenizer)
-    embedder = keras_hub.models.BertTextEmbedder(backbone=backbone, preprocessor=preprocessor)
-    os.makedirs(directory, exist_ok=True)
-    embedder.save_to_preset(directory)
-    return directory

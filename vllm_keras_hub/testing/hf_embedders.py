@@ -35,12 +35,15 @@ def _write_json(path, value):
         json.dump(value, f, indent=2)
 
 
-def _sentence_transformers_files(folder, pooling_mode, dense=()):
+def _sentence_transformers_files(folder, hidden_size, pooling_mode, dense=()):
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
     modules.append(
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}
     )
-    _write_json(os.path.join(folder, "1_Pooling", "config.json"), {pooling_mode: True})
+    _write_json(
+        os.path.join(folder, "1_Pooling", "config.json"),
+        {"word_embedding_dimension": hidden_size, pooling_mode: True},
+    )
     for index, (name, weight) in enumerate(dense, start=2):
         from safetensors.numpy import save_file
 
@@ -65,35 +68,54 @@ def _sentence_transformers_files(folder, pooling_mode, dense=()):
     _write_json(os.path.join(folder, "modules.json"), modules)
 
 
-def _save_qwen3(folder, vocabulary_size):
+def _save_qwen3(folder, vocabulary_size, **shape):
     import transformers
 
-    config = transformers.Qwen3Config(**_TINY, vocab_size=vocabulary_size)
+    config = transformers.Qwen3Config(**{**_TINY, "vocab_size": vocabulary_size, **shape})
     _save(transformers.AutoModelForCausalLM, config, folder)
-    _sentence_transformers_files(folder, "pooling_mode_lasttoken")
+    _sentence_transformers_files(folder, config.hidden_size, "pooling_mode_lasttoken")
 
 
-def _save_embedding_gemma(folder, vocabulary_size):
+def _save_embedding_gemma(folder, vocabulary_size, **shape):
     import transformers
 
+    shape = {**_TINY, "vocab_size": vocabulary_size, "sliding_window": 64, **shape}
     config = transformers.Gemma3TextConfig(
-        **_TINY,
-        vocab_size=vocabulary_size,
+        **shape,
         use_bidirectional_attention=True,
-        sliding_window=64,
         # As in Gemma3's checkpoints: keras-hub's converter scales queries by
         # head_dim only when this equals it.
-        query_pre_attn_scalar=_TINY["head_dim"],
+        query_pre_attn_scalar=shape["head_dim"],
         architectures=["Gemma3TextModel"],
     )
     _save(transformers.AutoModel, config, folder)
     rng = np.random.default_rng(0)
-    width = _EMBEDDING_GEMMA_POOLING_DIM
+    width, hidden = _EMBEDDING_GEMMA_POOLING_DIM, config.hidden_size
     dense = (
-        ("2_Dense", rng.normal(0, 0.05, (width, 128)).astype("float32")),
-        ("3_Dense", rng.normal(0, 0.05, (128, width)).astype("float32")),
+        ("2_Dense", rng.normal(0, 0.05, (width, hidden)).astype("float32")),
+        ("3_Dense", rng.normal(0, 0.05, (hidden, width)).astype("float32")),
     )
-    _sentence_transformers_files(folder, "pooling_mode_mean_tokens", dense)
+    _sentence_transformers_files(folder, config.hidden_size, "pooling_mode_mean_tokens", dense)
+
+
+def _save_bert(folder, vocabulary_size, **shape):
+    import transformers
+
+    config = transformers.BertConfig(
+        **{
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "max_position_embeddings": 64,
+            "vocab_size": vocabulary_size,
+            # KerasHub's BERT layers use the tanh approximation.
+            "hidden_act": "gelu_pytorch_tanh",
+            **shape,
+        }
+    )
+    _save(transformers.AutoModel, config, folder)
+    _sentence_transformers_files(folder, config.hidden_size, "pooling_mode_mean_tokens")
 
 
 def _save(auto_class, config, folder):
@@ -106,11 +128,24 @@ def _save(auto_class, config, folder):
 PAIRS = {
     "qwen3": ("Qwen3TextEmbedder", "qwen3", _save_qwen3),
     "embedding_gemma": ("Gemma3TextEmbedder", "gemma3", _save_embedding_gemma),
+    "bert": ("BertTextEmbedder", "bert", _save_bert),
 }
 
 
-def save_pair(name, directory):
+def _tokenizer(family):
+    from vllm_keras_hub.testing.embedders import encoder_tokenizer
+
+    return encoder_tokenizer(family) if family == "bert" else make_tokenizer(family)
+
+
+def save_pair(name, directory, **shape):
     """Saves embedder `name`'s folder and preset under `directory`.
+
+    Args:
+        name: A key of `PAIRS`.
+        directory: Where to save them.
+        **shape: transformers config values over the tiny ones (e.g. a
+            published model's sizes, for benchmarks).
 
     Returns:
         `(sentence_transformers_folder, preset_folder)`.
@@ -122,12 +157,24 @@ def save_pair(name, directory):
     embedder_name, family, save = PAIRS[name]
     hf_folder = os.path.join(directory, "hf")
     preset = os.path.join(directory, "preset")
-    tokenizer = make_tokenizer(family)
-    save(hf_folder, tokenizer.vocabulary_size())
+    tokenizer = _tokenizer(family)
+    save(hf_folder, tokenizer.vocabulary_size(), **shape)
     embedder_cls = getattr(keras_hub.models, embedder_name)
     backbone = keras_hub.models.Backbone.from_preset(hf_folder)
-    preprocessor = embedder_cls.preprocessor_cls(tokenizer=tokenizer)
+    # Packed no longer than BERT's position table.
+    packing = {"sequence_length": 64} if family == "bert" else {}
+    preprocessor = embedder_cls.preprocessor_cls(tokenizer=tokenizer, **packing)
     embedder_cls(backbone=backbone, preprocessor=preprocessor).save_to_preset(preset)
+    if family == "bert":
+        # WordPiece does not export: transformers' own BERT tokenizer of the
+        # same vocabulary (the test checks both give the same ids).
+        import transformers
+
+        vocabulary = {token: i for i, token in enumerate(tokenizer.get_vocabulary())}
+        transformers.BertTokenizer(vocab=vocabulary, do_lower_case=False).save_pretrained(
+            hf_folder
+        )
+        return hf_folder, preset
     exported = os.path.join(directory, "exported")
     write_model_folder(preset, exported)
     for name in os.listdir(exported):
