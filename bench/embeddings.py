@@ -61,8 +61,11 @@ LABELS = {
 }
 
 
+REQUESTS = {1: 32, 8: 64, 64: 256}
+
+
 def requests_at(concurrency, quick):
-    return {1: 32, 8: 64, 64: 256}[concurrency] // (4 if quick else 1)
+    return REQUESTS[concurrency] // (4 if quick else 1)
 
 
 def make_weights(size):
@@ -207,8 +210,10 @@ def report(results):
     lines.append(header)
     for system in SYSTEMS:
         row = results.get(system)
-        if row is None or "error" in row:
-            lines.append(f"{LABELS[system]:26} error: {row and row.get('error')}")
+        if row is None:  # Not run (--systems).
+            continue
+        if "error" in row:
+            lines.append(f"{LABELS[system]:26} error: {row['error']}")
             continue
         lines.append(f"{LABELS[system]:26}" + "".join(
             f"{row[str(c)]['texts_per_s']:14.1f}{row[str(c)]['p50_ms']:10.0f}"
@@ -260,10 +265,19 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--concurrency", default=None,
+                        help="e.g. 1 or 1,8: only these levels")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="requests (texts) per level, over the defaults")
     parser.add_argument("--out", default=os.path.join(RESULTS, "embeddings.json"))
     parser.add_argument("--system", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global CONCURRENCY
+    if args.concurrency:
+        CONCURRENCY = tuple(int(c) for c in args.concurrency.split(","))
+    if args.requests:
+        REQUESTS.update({c: args.requests for c in CONCURRENCY})
     os.environ.setdefault("KERAS_BACKEND", "torch")
     size = "quick" if args.quick else "full"
     hf_folder, preset = make_weights(size)
@@ -286,7 +300,11 @@ def main():
                 with tempfile.NamedTemporaryFile(suffix=".json") as out:
                     subprocess.run([sys.executable, __file__, "--system", system, "--json",
                                     out.name, "--threads", str(args.threads),
-                                    *(["--quick"] if args.quick else [])], check=True)
+                                    *(["--quick"] if args.quick else []),
+                                    *(["--concurrency", args.concurrency]
+                                      if args.concurrency else []),
+                                    *(["--requests", str(args.requests)]
+                                      if args.requests else [])], check=True)
                     results[system] = json.load(open(out.name))
         except Exception as e:  # noqa: BLE001 - recorded, the others still run
             results[system] = {"error": f"{type(e).__name__}: {e}"}

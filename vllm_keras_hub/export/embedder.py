@@ -113,7 +113,7 @@ def read_embedder(preset, backbone_cls_name, backbone_config):
     Raises:
         EmbedderError: an embedder this project does not serve, naming why.
     """
-    task = _task_config(preset)
+    task = _task_config(preset, backbone_cls_name)
     name = (task or {}).get("class_name", "").rpartition(">")[2]
     in_backbone = bool(backbone_config.get("is_embedding_model"))
     if not name.endswith("TextEmbedder") and not in_backbone:
@@ -178,11 +178,27 @@ def bidirectional_window_limit(backbone_config):
 
 
 
-def _task_config(preset):
+def _task_config(preset, backbone_cls_name):
+    """The preset's `task.json`, or what stands for it in a checkpoint.
+
+    A Hugging Face checkpoint (`hf://...`, or its local folder) has no
+    `task.json`; a sentence-transformers one has `modules.json`, from which
+    keras-hub's converter reads the pooling and normalization its
+    `TextEmbedder.from_preset` builds (`load_task_config`).
+    """
     from keras_hub.src.utils.preset_utils import TASK_CONFIG_FILE
     from keras_hub.src.utils.preset_utils import check_file_exists
+    from keras_hub.src.utils.preset_utils import get_preset_loader
     from keras_hub.src.utils.preset_utils import load_json
 
-    if not check_file_exists(preset, TASK_CONFIG_FILE):
+    if check_file_exists(preset, TASK_CONFIG_FILE):
+        return load_json(preset, TASK_CONFIG_FILE)
+    loader = get_preset_loader(preset)
+    converter = getattr(loader, "converter", None)
+    names = [name for name, backbone in SERVED.items() if backbone == backbone_cls_name]
+    if converter is None or not names or not check_file_exists(preset, "modules.json"):
         return None
-    return load_json(preset, TASK_CONFIG_FILE)
+    config = {}
+    if hasattr(converter, "load_task_config"):
+        config = converter.load_task_config(preset, loader.config)
+    return {"class_name": names[0], "config": config}
