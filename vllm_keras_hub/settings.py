@@ -311,10 +311,9 @@ def check_embedder_settings(task, values):
         value = values.get(name)
         if value not in (None, False, 1):
             raise UnsupportedEmbedderSettingError(
-                f"{task} presets are served on one worker, without {what} "
-                f"({name}={value!r}); their projection head is not sharded."
-                if "parallel" in name
-                else f"{task} presets are served without {what} ({name}={value!r})."
+                f"{task} presets are served without {what} ({name}={value!r}): "
+                "vllm-keras-hub's embedder serving is proven on one worker, "
+                "without adapters or drafts, only."
             )
 
 
