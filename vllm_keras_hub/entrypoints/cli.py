@@ -143,7 +143,8 @@ def export(model, directory):
     if tokenizer_mode != "auto":
         flags += f" --tokenizer-mode {tokenizer_mode}"
     with open(os.path.join(directory, "config.json")) as f:
-        image = json.load(f).get("keras_hub_image")
+        config = json.load(f)
+    image = config.get("keras_hub_image")
     if image and needs_whole_images(image):
         from vllm_keras_hub.scheduler import IMAGE_SCHEDULER
 
@@ -152,6 +153,8 @@ def export(model, directory):
     print(f"Wrote {directory}. Serve it with vLLM (vllm-keras-hub installed):")
     print(f"  vllm serve {directory} {flags}")
     print(f"  python -m vllm.entrypoints.openai.api_server --model {directory} {flags}")
+    if config.get("keras_hub_embedder"):
+        print("A text embedder: vLLM serves it with its pooling runner (/v1/embeddings).")
 
 
 def convert_lora(model, adapter):
