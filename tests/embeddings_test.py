@@ -176,3 +176,15 @@ def test_max_pooling_is_refused_with_its_reason(shared, tmp_path):
     (preset / "task.json").write_text(json.dumps(task))
     with pytest.raises(embedder_lib.EmbedderError, match="pooling_mode='max' has no vLLM"):
         KerasHubLLM(f"keras_hub:{preset}", **TEST_ENGINE_KWARGS)
+
+
+def test_a_pooler_config_with_another_pooling_is_refused(shared):
+    from vllm.config import PoolerConfig
+
+    preset = shared.embedder("qwen3_last")
+    # The preset pools its last token; vLLM would schedule as for MEAN.
+    with pytest.raises(Exception, match="pools with LAST as its Qwen3TextEmbedder"):
+        with in_process_llm(
+            f"keras_hub:{preset}", pooler_config=PoolerConfig(seq_pooling_type="MEAN")
+        ):
+            pass
