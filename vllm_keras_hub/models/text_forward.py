@@ -42,8 +42,11 @@ def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidd
     if name == "BertBackbone":
         # One text per sequence: every token in segment 0, as BERT's text
         # embedder preprocessor packs it; its own `pooled_output` is unused.
-        inputs = {"token_ids": token_ids, "segment_ids": ops.zeros_like(token_ids),
-                  "padding_mask": padding_mask}
+        inputs = {
+            "token_ids": token_ids,
+            "segment_ids": ops.zeros_like(token_ids),
+            "padding_mask": padding_mask,
+        }
         return backbone(inputs, training=False)["sequence_output"]
     if name in ("Qwen3_5Backbone", "Qwen3_5MoeBackbone") and not backbone.text_only_model:
         return _qwen3_5_vision(backbone, token_ids, padding_mask)
