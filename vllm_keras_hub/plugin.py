@@ -47,16 +47,19 @@ def register():
             ModelRegistry.register_model(
                 architecture, f"vllm_keras_hub.models.vision:{architecture}"
             )
-    # For tokenizers that cannot be exported exactly: keras-hub's own adapter.
+    # For tokenizers that cannot be exported exactly: keras-hub's own adapter,
+    # through a module that first makes Keras use torch.
     TokenizerRegistry.register(
-        config.KERAS_HUB_TOKENIZER_MODE, "keras_hub.src.vllm.tokenizer", "KerasHubTokenizer"
+        config.KERAS_HUB_TOKENIZER_MODE,
+        "vllm_keras_hub.export.keras_hub_tokenizers",
+        "KerasHubTokenizer",
     )
     RENDERER_REGISTRY.register(
         config.KERAS_HUB_TOKENIZER_MODE, "vllm.renderers.hf", "HfRenderer"
     )
     TokenizerRegistry.register(
         config.KERAS_HUB_EMBEDDER_TOKENIZER_MODE,
-        "vllm_keras_hub.export.embedder_tokenizer",
+        "vllm_keras_hub.export.keras_hub_tokenizers",
         "KerasHubEmbedderTokenizer",
     )
     RENDERER_REGISTRY.register(

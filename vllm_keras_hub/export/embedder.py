@@ -55,6 +55,9 @@ class Embedder:
         bidirectional: Whether its attention is bidirectional.
         max_tokens: The longest text served exactly, or `None` for the
             backbone's own limit (`bidirectional_window_limit`).
+        start_token: Whether its preprocessor packs a start token before
+            each text (all but `Qwen3TextEmbedderPreprocessor`, which packs
+            only the end token).
     """
 
     task: str
@@ -64,6 +67,7 @@ class Embedder:
     size: int
     bidirectional: bool
     max_tokens: int | None = None
+    start_token: bool = True
 
     def config_fields(self):
         """The `config.json` fields of the embedder's model folder."""
@@ -148,6 +152,7 @@ def read_embedder(preset, backbone_cls_name, backbone_config):
         )
     return Embedder(
         task=name,
+        start_token=name != "Qwen3TextEmbedder",
         pooling=POOLING[pooling],
         normalize=bool(options.get("normalize", True)),
         projection=False,

@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from vllm_keras_hub.export import embedder as embedder_lib
-from vllm_keras_hub.export.embedder_tokenizer import KerasHubEmbedderTokenizer
+from vllm_keras_hub.export.keras_hub_tokenizers import KerasHubEmbedderTokenizer
 from vllm_keras_hub.export.preset_folder import write_model_folder
 from vllm_keras_hub.testing.embedders import TINY_EMBEDDERS
 
@@ -86,3 +86,35 @@ def test_a_generating_preset_is_no_embedder(shared):
     preset = shared.preset("qwen3")
     config = _read(preset, "config.json")["config"]
     assert embedder_lib.read_embedder(preset, "Qwen3Backbone", config) is None
+
+
+# vLLM loads a tokenizer mode's class in its front-end process; plain
+# `vllm serve` in a user's shell has set no Keras backend there.
+_LOAD_IN_A_FRESH_SHELL = """
+import sys
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.tokenizers.registry import get_tokenizer
+print(get_tokenizer(sys.argv[1], tokenizer_mode=sys.argv[2]).encode(sys.argv[3]))
+"""
+
+
+@pytest.mark.parametrize("mode", ["keras_hub_embedder", "keras_hub"])
+def test_keras_hub_tokenizer_modes_load_in_a_fresh_shell(shared, tmp_path, mode):
+    import subprocess
+    import sys
+
+    from vllm_keras_hub.testing.user_env import user_env
+
+    preset = shared.embedder("bert_mean")
+    folder = str(tmp_path / "folder")
+    write_model_folder(preset, folder)
+    ids = keras_hub.tokenizers.Tokenizer.from_preset(preset)("mars is red").tolist()
+    start, end = 2, 3  # [CLS], [SEP]
+    want = [start, *ids, end] if mode == "keras_hub_embedder" else [start, *ids]
+    result = subprocess.run(
+        [sys.executable, "-c", _LOAD_IN_A_FRESH_SHELL, folder, mode, "mars is red"],
+        env=user_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == str(want)

@@ -28,7 +28,7 @@ LOAD_FORMAT = "keras_hub"
 # tokenizer that cannot be exported exactly.
 KERAS_HUB_TOKENIZER_MODE = "keras_hub"
 # The same for a text embedder, which packs texts as its preprocessor does
-# (`export/embedder_tokenizer.py`).
+# (`export/keras_hub_tokenizers.py`).
 KERAS_HUB_EMBEDDER_TOKENIZER_MODE = "keras_hub_embedder"
 
 

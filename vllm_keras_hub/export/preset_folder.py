@@ -61,7 +61,6 @@ def read_preset(preset):
 
     Raises:
         PresetError: the preset is missing or unreadable, naming the cause.
-        embedder_lib.EmbedderError: a text embedder that is not served.
         families.UnsupportedFamilyError: the family has no route.
     """
     from keras_hub.src.utils.preset_utils import get_preset_loader
@@ -77,8 +76,6 @@ def read_preset(preset):
         backbone_config = loader.converter.convert_backbone_config(loader.config)
     else:
         backbone_config = loader.config["config"]
-    # An embedder's own reason first: BERT's is not a causal-LM family.
-    embedder_lib.read_embedder(preset, backbone_cls.__name__, backbone_config)
     family = families.family_for_backbone(backbone_cls.__name__, preset)
     if family.embedder_only:  # No CausalLM takes an encoder.
         return family, backbone_config, None
@@ -288,7 +285,7 @@ def _write_embedder_folder(
     """`write_model_folder` for a text embedder: no chat or sampling files.
 
     Its prompts are tokenized as its `TextEmbedderPreprocessor` packs them:
-    the start token where the tokenizer has one (not Qwen3's), the end
+    the start token where it packs one (`Embedder.start_token`), the end
     token after.
     """
     dims = model_dims(backbone_config)
@@ -324,8 +321,7 @@ def _write_embedder_folder(
         preset,
         tokenizer,
         directory,
-        add_start_token=tokenizer.start_token_id is not None
-        and embedder.task != "Qwen3TextEmbedder",
+        add_start_token=embedder.start_token,
         add_end_token=True,
     )
 

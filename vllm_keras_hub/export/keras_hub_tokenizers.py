@@ -1,17 +1,24 @@
-"""A text embedder's own KerasHub tokenizer, packing texts as its preprocessor.
+"""A preset's own KerasHub tokenizer under vLLM, for tokenizers that do not export.
 
-For embedders whose tokenizer cannot be exported to Hugging Face's format
-exactly (BERT's WordPiece, XLM-RoBERTa's SentencePiece unigram), vLLM
-tokenizes with keras-hub's own `KerasHubTokenizer` adapter (tokenizer mode
-`keras_hub_embedder`). That adapter adds only the start token, as
-`generate()` does; a `TextEmbedderPreprocessor` packs each text between its
-start token (Qwen3's has none) and its end token, and pooling sees both.
+vLLM loads the class of a tokenizer mode by name, in its front-end process,
+where plain `vllm serve` has set no Keras backend: importing keras-hub there
+would pick TensorFlow, which is not installed. So both modes load from here,
+after `default_to_torch`:
+- `keras_hub`: keras-hub's own `KerasHubTokenizer` adapter, which adds only
+  the start token, as `generate()` does;
+- `keras_hub_embedder`: a text embedder's (BERT's WordPiece, XLM-RoBERTa's
+  SentencePiece unigram), packing each text between its start token (Qwen3's
+  has none) and its end token, as its `TextEmbedderPreprocessor` does.
 """
 
 import json
 import os
 
-from keras_hub.src.vllm.tokenizer import KerasHubTokenizer
+from vllm_keras_hub import backend
+
+backend.default_to_torch()
+
+from keras_hub.src.vllm.tokenizer import KerasHubTokenizer  # noqa: E402
 
 
 class KerasHubEmbedderTokenizer(KerasHubTokenizer):
@@ -31,8 +38,8 @@ class KerasHubEmbedderTokenizer(KerasHubTokenizer):
         """Loads the tokenizer of the model folder vLLM opens."""
         with open(os.path.join(str(path_or_repo_id), "config.json"), encoding="utf-8") as f:
             config = json.load(f)
-        task = config["keras_hub_embedder"]["task"]
-        return cls(config["keras_hub_preset"], add_start_token=task != "Qwen3TextEmbedder")
+        embedder = config["keras_hub_embedder"]
+        return cls(config["keras_hub_preset"], add_start_token=embedder["start_token"])
 
     @property
     def num_special_tokens_to_add(self):
