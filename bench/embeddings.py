@@ -154,19 +154,18 @@ def _post(port, text):
 
 def run_server(system, hf_folder, preset, texts, quick, threads):
     """A compiled server of `system`, driven over HTTP."""
+    from serve import server_command
+
     from vllm_keras_hub.testing.server import free_port
     from vllm_keras_hub.testing.server import running_server
 
     port = free_port()
-    common = ["--port", str(port), "--dtype", "float32", "--served-model-name", "bench",
-              "--max-num-seqs", "64", "--kv-cache-memory-bytes", str(1 << 30)]
-    if system == "keras_hub":
-        command = [sys.executable, "-m", "vllm_keras_hub.entrypoints.cli", "serve",
-                   f"keras_hub:{preset}", *common]
-    else:
-        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                   "--model", hf_folder, "--host", "127.0.0.1", *common]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "KERAS_BACKEND": "torch"}
+    flags = ["--port", str(port), "--dtype", "float32", "--served-model-name", "bench",
+             "--max-num-seqs", "64", "--kv-cache-memory-bytes", str(1 << 30)]
+    command = server_command(system, preset, hf_folder, flags)
+    # No KERAS_BACKEND: `serve` picks torch itself, as in a user's shell.
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env.pop("KERAS_BACKEND", None)
     start = time.perf_counter()
     with running_server(command, port, env=env, model_name="bench"):
         result = {"startup_s": time.perf_counter() - start, "first": _post(port, texts[0])}

@@ -25,6 +25,15 @@ SERVE_SYSTEMS = {
 }
 
 
+def server_command(system, preset, hf_folder, flags):
+    """`vllm-keras-hub serve` of `preset`, or vLLM native's server on `hf_folder`."""
+    if system == "keras_hub":
+        return [sys.executable, "-m", "vllm_keras_hub.entrypoints.cli", "serve",
+                f"keras_hub:{preset}", *flags]
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", hf_folder, "--host", "127.0.0.1", *flags]
+
+
 def run_serve(system, dtype, size, hf_folder, preset):
     import argparse as _argparse
     import socket
@@ -41,12 +50,7 @@ def run_serve(system, dtype, size, hf_folder, preset):
         "--served-model-name", "bench", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
         "--seed", str(SEED),
     ]
-    if system == "keras_hub":
-        command = [sys.executable, "-m", "vllm_keras_hub.entrypoints.cli", "serve",
-                   f"keras_hub:{preset}", *common]
-    else:
-        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                   "--model", hf_folder, "--host", "127.0.0.1", *common]
+    command = server_command(system, preset, hf_folder, common)
     result = {"system": system, "label": SERVE_SYSTEMS[system], "dtype": dtype,
               "command": " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT) else c
                                   for c in command)}
