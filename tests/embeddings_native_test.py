@@ -65,16 +65,13 @@ def test_served_embeddings_equal_vllm_natives(pair):
     np.testing.assert_allclose(ours, native, atol=TOLERANCE[name], rtol=0)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "embedding_gemma"])
-def test_a_sentence_transformers_checkpoint_is_served_as_keras_hub_loads_it(
-    name, tmp_path
-):
+def test_a_sentence_transformers_checkpoint_is_served_as_keras_hub_loads_it(pair):
     # What `keras_hub:hf://<embedder>` reads, from a local folder: no
     # task.json, so the embedder and its pooling come from `modules.json`,
     # as `TextEmbedder.from_preset` takes them.
     from vllm_keras_hub.testing.embedders import keras_hub_embeddings
 
-    folder, _ = save_pair(name, str(tmp_path))
+    _, folder, _ = pair
     want, counts = keras_hub_embeddings(folder, TEXTS)
     with in_process_llm(f"keras_hub:{folder}", max_model_len=MAX_MODEL_LEN) as llm:
         ids, got = _embed(llm)

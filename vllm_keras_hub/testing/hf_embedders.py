@@ -107,7 +107,8 @@ def _save_bert(folder, vocabulary_size, **shape):
             "intermediate_size": 256,
             "num_hidden_layers": 2,
             "num_attention_heads": 4,
-            "max_position_embeddings": 64,
+            # As BERT's: more than the 256 tokens its preprocessor packs.
+            "max_position_embeddings": 512,
             "vocab_size": vocabulary_size,
             # KerasHub's BERT layers use the tanh approximation.
             "hidden_act": "gelu_pytorch_tanh",
@@ -161,19 +162,20 @@ def save_pair(name, directory, **shape):
     save(hf_folder, tokenizer.vocabulary_size(), **shape)
     embedder_cls = getattr(keras_hub.models, embedder_name)
     backbone = keras_hub.models.Backbone.from_preset(hf_folder)
-    # Packed no longer than BERT's position table.
-    packing = {"sequence_length": 64} if family == "bert" else {}
-    preprocessor = embedder_cls.preprocessor_cls(tokenizer=tokenizer, **packing)
+    preprocessor = embedder_cls.preprocessor_cls(tokenizer=tokenizer)
     embedder_cls(backbone=backbone, preprocessor=preprocessor).save_to_preset(preset)
     if family == "bert":
         # WordPiece does not export: transformers' own BERT tokenizer of the
         # same vocabulary (the test checks both give the same ids).
         import transformers
 
-        vocabulary = {token: i for i, token in enumerate(tokenizer.get_vocabulary())}
-        transformers.BertTokenizer(vocab=vocabulary, do_lower_case=False).save_pretrained(
-            hf_folder
-        )
+        tokens = tokenizer.get_vocabulary()
+        transformers.BertTokenizer(
+            vocab={token: i for i, token in enumerate(tokens)}, do_lower_case=False
+        ).save_pretrained(hf_folder)
+        # As BERT checkpoints ship it; keras-hub's converter reads it.
+        with open(os.path.join(hf_folder, "vocab.txt"), "w") as f:
+            f.write("\n".join(tokens) + "\n")
         return hf_folder, preset
     exported = os.path.join(directory, "exported")
     write_model_folder(preset, exported)
