@@ -41,7 +41,9 @@ FAMILIES = {
         keras_hub_greedy_with_images,
     ),
     "gemma4": (
-        "<|turn>user\nWhat is in<|image|>this picture?<turn|>\n<|turn>model\n",
+        # Gemma 4's official template closes an empty thought channel.
+        "<|turn>user\nWhat is in<|image|>this picture?<turn|>\n"
+        "<|turn>model\n<|channel>thought\n<channel|>",
         dict(bidirectional=True),
         gemma4_full_forward_with_images,
     ),
@@ -52,7 +54,11 @@ FAMILIES = {
 SYSTEM_PROMPTS = {
     "gemma3": "<start_of_turn>user\nBe brief.\n\nHello there<end_of_turn>\n<start_of_turn>model\n",
     "gemma3n": "<start_of_turn>user\nBe brief.\n\nHello there<end_of_turn>\n<start_of_turn>model\n",
-    "gemma4": "<|turn>system\nBe brief.<turn|>\n<|turn>user\nHello there<turn|>\n<|turn>model\n",
+    # Gemma 4's official template follows a system text part with a space.
+    "gemma4": (
+        "<|turn>system\nBe brief. <turn|>\n<|turn>user\nHello there<turn|>\n"
+        "<|turn>model\n<|channel>thought\n<channel|>"
+    ),
 }
 
 

@@ -322,7 +322,8 @@ def settle(folder, values, given):
 
     Sets, where the user did not: the `keras_hub` load format, the folder's
     tokenizer mode, whole-image scheduling for images that attend
-    bidirectionally, and on the CPU a fixed KV cache.
+    bidirectionally, on the CPU a fixed KV cache, and the chat format's tool
+    call and reasoning parsers (`chat_parser_flags`).
 
     Args:
         folder: The preset's `ModelFolder`.
@@ -354,6 +355,31 @@ def settle(folder, values, given):
         check_embedder_settings(folder.embedder["task"], {**values, **updates})
         return updates
     check(folder.family, folder.images, {**values, **updates})
+    updates.update(chat_parser_flags(folder, values))
+    return updates
+
+
+def chat_parser_flags(folder, values):
+    """The parser settings `vllm serve` needs for the folder's chat format.
+
+    Tool calls are parsed (`--enable-auto-tool-choice --tool-call-parser`)
+    unless the user chose a tool parser or parser plugin; thinking is split
+    off (`--reasoning-parser`) unless the user chose a reasoning parser.
+
+    Args:
+        folder: The preset's `ModelFolder`.
+        values: The user's vLLM arguments by name.
+    """
+    updates = {}
+    if folder.tool_parser and not (
+        values.get("tool_call_parser") or values.get("tool_parser_plugin")
+    ):
+        updates["enable_auto_tool_choice"] = True
+        updates["tool_call_parser"] = folder.tool_parser
+    if folder.reasoning_parser and not (
+        values.get("reasoning_parser") or values.get("reasoning_parser_plugin")
+    ):
+        updates["reasoning_parser"] = folder.reasoning_parser
     return updates
 
 

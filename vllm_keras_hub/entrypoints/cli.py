@@ -70,7 +70,8 @@ def serve(model, vllm_argv):
     vLLM parses `vllm_argv` exactly as `vllm serve` does. Where they are not
     given, this sets `--load-format keras_hub`, the folder's tokenizer mode,
     `--host 127.0.0.1`, `--served-model-name MODEL`, on CPU a 2 GiB KV cache,
-    and for the default model `--dtype float32`. `--lora-weights FILE` (ours,
+    the chat format's tool call and reasoning parsers (printed), and for the
+    default model `--dtype float32`. `--lora-weights FILE` (ours,
     not vLLM's) merges a KerasHub `.lora.h5` adapter into the kernels at
     load. With `--enable-lora`, `--lora-modules NAME=FILE.lora.h5` serves
     KerasHub adapters per request (the OpenAI `model` field picks one). Like
@@ -109,8 +110,12 @@ def serve(model, vllm_argv):
             own_args.lora_weights, args.model_loader_extra_config
         )
     try:
-        for name, value in settings.settle(folder, vars(args), given).items():
+        updates = settings.settle(folder, vars(args), given)
+        for name, value in updates.items():
             setattr(args, name, value)
+        chosen = _parser_flags(updates)
+        if chosen:
+            print(f"vllm-keras-hub: the chat format's parsers: {chosen}", file=sys.stderr)
         _convert_lora_modules(preset, args)
         args.model = args.model_tag = folder.path
         if args.host is None:
@@ -126,6 +131,16 @@ def serve(model, vllm_argv):
         command.cmd(args)
     finally:
         folder.cleanup()
+
+
+def _parser_flags(values):
+    """The `vllm serve` flags of the parsers in `values`, as one string."""
+    flags = []
+    if values.get("tool_call_parser"):
+        flags.append(f"--enable-auto-tool-choice --tool-call-parser {values['tool_call_parser']}")
+    if values.get("reasoning_parser"):
+        flags.append(f"--reasoning-parser {values['reasoning_parser']}")
+    return " ".join(flags)
 
 
 def export(model, directory):
@@ -150,6 +165,14 @@ def export(model, directory):
 
         # What `serve` sets for such images (`settings.settle`).
         flags += f" --disable-chunked-mm-input --scheduler-cls {IMAGE_SCHEDULER}"
+    parsers = _parser_flags(
+        {
+            "tool_call_parser": config.get("keras_hub_tool_parser"),
+            "reasoning_parser": config.get("keras_hub_reasoning_parser"),
+        }
+    )
+    if parsers:
+        flags += f" {parsers}"
     print(f"Wrote {directory}. Serve it with vLLM (vllm-keras-hub installed):")
     print(f"  vllm serve {directory} {flags}")
     print(f"  python -m vllm.entrypoints.openai.api_server --model {directory} {flags}")

@@ -1,13 +1,18 @@
-"""Chat templates for KerasHub presets, which ship none of their own.
+"""Chat formats for KerasHub presets, which ship no chat template of their own.
 
 vLLM formats chat requests with a Jinja chat template, rendered by
-`transformers` (`bos_token`, `eos_token`, `messages`, `add_generation_prompt`
-and `raise_exception` in a sandbox with `trim_blocks` and `lstrip_blocks`).
-A preset that carries its own template (a `chat_template.jinja` file, or a
-`chat_template` in a Hugging Face `tokenizer_config.json`) should be served
-with it; every other preset gets its family's maintained format from
-`chat_format()`, written after the official template of the family's
-instruction-tuned checkpoints, text only and without tool calling.
+`transformers` (`bos_token`, `eos_token`, `messages`, `tools`,
+`add_generation_prompt`, `raise_exception`, `strftime_now` in a sandbox with
+`trim_blocks` and `lstrip_blocks`). A preset that carries its own template (a
+`chat_template.jinja` file, or a `chat_template` in a Hugging Face
+`tokenizer_config.json`) is served with it; every other preset gets its
+family's maintained format from `chat_format()`.
+
+Families whose instruction-tuned checkpoints call tools or reason use the
+official template itself, verbatim, from `templates/` (`OFFICIAL_SOURCES`
+names where each copy came from; the Hugging Face Hub is not reachable
+here), with the vLLM parsers that read that format's output. The others keep
+a text-only format written after their official template, below.
 
 vLLM tokenizes a rendered chat prompt with `add_special_tokens=False`, so
 each template writes the start token itself where the model expects one, and
@@ -17,7 +22,8 @@ template's constant says so. In short:
 
 - Byte-level BPE tokenizers (Llama3, Qwen, SmolLM3) match exactly the strings
   the tokenizer class registers as special, plus any `unsplittable_tokens`
-  its preset config lists (`hf://` conversions list every added token).
+  its preset config lists (`hf://` conversions list every added token, so
+  `<tool_call>` and `<think>` too).
 - SentencePiece tokenizers (Gemma, Llama 2, Mistral, Mixtral, Phi-3) match
   user-defined pieces of the proto whole. Control pieces (`<bos>`, `<s>`)
   written by a template are read as those tokens by the exported tokenizer
@@ -25,6 +31,8 @@ template's constant says so. In short:
 """
 
 import dataclasses
+import functools
+import importlib.resources
 import json
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
@@ -42,13 +50,42 @@ class ChatFormat:
 
     Args:
         template: The Jinja chat template, in Hugging Face conventions
-            (`messages`, `add_generation_prompt`, `bos_token`, `eos_token`).
+            (`messages`, `tools`, `add_generation_prompt`, `bos_token`).
         turn_end_tokens: Token strings that end an assistant turn, to add to
             the stop ids where the vocabulary has them.
+        tool_parser: vLLM's `--tool-call-parser` for the format's tool
+            calls, or `None` where it has none.
+        reasoning_parser: vLLM's `--reasoning-parser` for the format's
+            thinking, or `None` where it has none.
     """
 
     template: str
     turn_end_tokens: tuple[str, ...]
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
+
+
+# Where each verbatim official template in `templates/` was copied from.
+OFFICIAL_SOURCES = {
+    "qwen2_5": "Qwen/Qwen2.5-7B-Instruct, via ggml-org/llama.cpp "
+    "models/templates/Qwen-Qwen2.5-7B-Instruct.jinja",
+    "qwen3": "Qwen/Qwen3-0.6B (the updated template), via vllm-project/vllm "
+    "rust/src/chat/tests/templates/qwen3.jinja",
+    "qwen3_5": "Qwen/Qwen3.5-4B, via ggml-org/llama.cpp models/templates/Qwen3.5-4B.jinja",
+    "llama3_1": "meta-llama/Llama-3.1-8B-Instruct, via ggml-org/llama.cpp "
+    "models/templates/meta-llama-Llama-3.1-8B-Instruct.jinja",
+    "gemma4": "google/gemma-4-*-it, via vllm-project/vllm "
+    "examples/tool_chat_template_gemma4.jinja (c408fdd, synced from the Hub)",
+    "smollm3": "HuggingFaceTB/SmolLM3-3B, via huggingface/swift-jinja "
+    "Tests/Templates/ChatTemplates.swift",
+}
+
+
+@functools.cache
+def official_template(name):
+    """The verbatim official template `templates/<name>.jinja`."""
+    path = importlib.resources.files(__package__) / "templates" / f"{name}.jinja"
+    return path.read_text(encoding="utf-8")
 
 
 # google/gemma-3-*-it, text only. Gemma 1 and 2 share the turns, but their
@@ -111,54 +148,6 @@ GEMMA3_TEMPLATE = GEMMA_TEMPLATE.replace(
     {%- endif %}
     {{- '<end_of_turn>\n' }}""",
 )
-
-# google/gemma-4-*-it, thinking off, no tools: turns open with
-# `<|turn>ROLE\n` and close with `<turn|>` (the stop token Gemma4CausalLM's
-# generate() adds), and the model turn is "model". Unlike Gemma 1-3, a system
-# (or developer) message has a turn of its own. `<|turn>` and `<turn|>` are
-# special pieces of Gemma 4's SentencePiece proto, so single tokens. Thinking
-# (`<|think|>`, `<|channel>` blocks) and tool calls need the preset's own
-# template. A message whose content is a list of parts renders each image
-# part as `<|image|>` where it stands, and each text part trimmed, with
-# nothing between them (as a third-party port of the official template has
-# it: `{{- '<|image|>' -}}`; the official file was not in reach). A
-# system message's text is its first part's.
-GEMMA4_TEMPLATE = r"""{{- bos_token }}
-{%- if messages and messages[0]['role'] in ['system', 'developer'] %}
-    {%- set system = messages[0]['content'] %}
-    {%- if system is not string %}
-        {%- set system = system[0]['text'] %}
-    {%- endif %}
-    {{- '<|turn>system\n' + system | trim + '<turn|>\n' }}
-    {%- set loop_messages = messages[1:] %}
-{%- else %}
-    {%- set loop_messages = messages %}
-{%- endif %}
-{%- for message in loop_messages %}
-    {%- if message['role'] not in ['user', 'assistant'] %}
-        {{- raise_exception('Gemma 4 roles here are system, user and assistant: tool calling needs the model\'s own chat template.') }}
-    {%- endif %}
-    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
-        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
-    {%- endif %}
-    {%- set role = 'model' if message['role'] == 'assistant' else 'user' %}
-    {{- '<|turn>' + role + '\n' }}
-    {%- if message['content'] is string %}
-        {{- message['content'] | trim }}
-    {%- else %}
-        {%- for part in message['content'] %}
-            {%- if part['type'] == 'image' %}
-                {{- '<|image|>' }}
-            {%- elif part['type'] == 'text' %}
-                {{- part['text'] | trim }}
-            {%- endif %}
-        {%- endfor %}
-    {%- endif %}
-    {{- '<turn|>\n' }}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|turn>model\n' }}
-{%- endif %}"""
 
 # meta-llama/Meta-Llama-3-8B-Instruct. Llama 3.1 and 3.2 templates also
 # write "Cutting Knowledge Date" / "Today Date" lines into the system turn
@@ -229,26 +218,6 @@ MISTRAL_TEMPLATE = r"""{%- if messages[0]['role'] == 'system' %}
     {%- endif %}
 {%- endfor %}"""
 
-# Qwen/Qwen2.5-*-Instruct without tools, default system prompt included.
-# QwenTokenizer registers only `<|endoftext|>`: `<|im_start|>` and
-# `<|im_end|>` are plain text unless the preset lists them in
-# `unsplittable_tokens`.
-QWEN_TEMPLATE = r"""{%- if messages[0]['role'] == 'system' %}
-    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
-{%- else %}
-    {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
-{%- endif %}
-{%- for message in messages %}
-    {%- if message['role'] in ['user', 'assistant'] or (message['role'] == 'system' and not loop.first) %}
-        {{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}
-    {%- elif message['role'] != 'system' %}
-        {{- raise_exception('Only system, user and assistant messages are supported; tool calling needs the model\'s own chat template.') }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}"""
-
 # Qwen/Qwen1.5-MoE-A2.7B-Chat (Qwen 1.5's ChatML). QwenMoeTokenizer
 # registers only `<|endoftext|>`: `<|im_start|>` and `<|im_end|>` are plain
 # text unless the preset lists them in `unsplittable_tokens`.
@@ -260,49 +229,6 @@ QWEN_MOE_TEMPLATE = r"""{%- for message in messages %}
 {%- endfor %}
 {%- if add_generation_prompt %}
     {{- '<|im_start|>assistant\n' }}
-{%- endif %}"""
-
-# Qwen/Qwen3-* without tools: reasoning is dropped from assistant turns
-# before the last user turn, and `enable_thinking=False` (a chat template
-# kwarg) writes an empty think block. Qwen3Tokenizer registers `<|im_end|>`
-# and `<|endoftext|>`: `<|im_start|>`, `<think>` and `</think>` are plain
-# text unless the preset lists them in `unsplittable_tokens`.
-QWEN3_TEMPLATE = r"""{%- if messages[0]['role'] == 'system' %}
-    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
-{%- endif %}
-{%- set ns = namespace(last_query_index=messages|length - 1) %}
-{%- for message in messages %}
-    {%- if message['role'] == 'user' %}
-        {%- set ns.last_query_index = loop.index0 %}
-    {%- endif %}
-{%- endfor %}
-{%- for message in messages %}
-    {%- set content = message['content'] if message['content'] is string else '' %}
-    {%- if message['role'] == 'user' or (message['role'] == 'system' and not loop.first) %}
-        {{- '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>\n' }}
-    {%- elif message['role'] == 'assistant' %}
-        {%- set reasoning_content = '' %}
-        {%- if message['reasoning_content'] is string %}
-            {%- set reasoning_content = message['reasoning_content'] %}
-        {%- elif '</think>' in content %}
-            {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
-            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
-        {%- endif %}
-        {%- if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}
-            {{- '<|im_start|>assistant\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
-        {%- else %}
-            {{- '<|im_start|>assistant\n' + content }}
-        {%- endif %}
-        {{- '<|im_end|>\n' }}
-    {%- elif message['role'] != 'system' %}
-        {{- raise_exception('Only system, user and assistant messages are supported; tool calling needs the model\'s own chat template.') }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-    {%- if enable_thinking is defined and enable_thinking is false %}
-        {{- '<think>\n\n</think>\n\n' }}
-    {%- endif %}
 {%- endif %}"""
 
 # microsoft/Phi-3-mini-4k-instruct (the template with system turns). Its
@@ -326,30 +252,59 @@ PHI3_TEMPLATE = r"""{%- for message in messages %}
 
 _GEMMA = ChatFormat(GEMMA_TEMPLATE, ("<end_of_turn>",))
 _MISTRAL = ChatFormat(MISTRAL_TEMPLATE, ("</s>",))
-_QWEN3 = ChatFormat(QWEN3_TEMPLATE, ("<|im_end|>",))
+_QWEN3 = ChatFormat(
+    official_template("qwen3"), ("<|im_end|>",), tool_parser="hermes", reasoning_parser="qwen3"
+)
+# Qwen3.5 calls tools in Qwen3-Coder's XML, which vLLM's `qwen3_coder`
+# parser reads; it thinks by default (the generation prompt opens `<think>`).
+_QWEN3_5 = ChatFormat(
+    official_template("qwen3_5"),
+    ("<|im_end|>",),
+    tool_parser="qwen3_coder",
+    reasoning_parser="qwen3",
+)
 
 # Families not listed have no maintained format: base-only families (GPT-2,
-# OPT, ...), and formats too involved to keep faithfully here (SmolLM3's
-# metadata system turn and reasoning modes, GPT-OSS's harmony, Qwen3.5).
+# OPT, ...), and GPT-OSS, whose harmony format vLLM renders and parses only
+# for its own `gpt_oss` model type.
 _CHAT_FORMATS = {
     "gemma": _GEMMA,
     "gemma3": ChatFormat(GEMMA3_TEMPLATE, ("<end_of_turn>",)),
     # Gemma3n's official template is Gemma 3's, images included.
     "gemma3n": ChatFormat(GEMMA3_TEMPLATE, ("<end_of_turn>",)),
-    "gemma4": ChatFormat(GEMMA4_TEMPLATE, ("<turn|>",)),
+    # A tool call's turn ends at `<|tool_response>`, where the caller's
+    # result goes (the template writes it there, in the model's own turn).
+    "gemma4": ChatFormat(
+        official_template("gemma4"),
+        ("<turn|>", "<|tool_response>"),
+        tool_parser="gemma4",
+        reasoning_parser="gemma4",
+    ),
     "llama": ChatFormat(LLAMA2_TEMPLATE, ("</s>",)),
     "llama3": ChatFormat(LLAMA3_TEMPLATE, ("<|eot_id|>",)),
     "mistral": _MISTRAL,
     "mixtral": _MISTRAL,
-    "qwen": ChatFormat(QWEN_TEMPLATE, ("<|im_end|>",)),
+    "qwen": ChatFormat(official_template("qwen2_5"), ("<|im_end|>",), tool_parser="hermes"),
     "qwen_moe": ChatFormat(QWEN_MOE_TEMPLATE, ("<|im_end|>",)),
     "qwen3": _QWEN3,
     "qwen3_moe": _QWEN3,
+    "qwen3_5": _QWEN3_5,
+    "qwen3_5_moe": _QWEN3_5,
+    # SmolLM3's template renders tools only from its own `xml_tools` kwarg,
+    # not the OpenAI `tools` vLLM passes, so no tool parser.
+    "smollm3": ChatFormat(official_template("smollm3"), ("<|im_end|>",), reasoning_parser="qwen3"),
     "phi3": ChatFormat(PHI3_TEMPLATE, ("<|end|>",)),
 }
 
+# Llama 3.1 and later: the vocabulary names `<|python_tag|>` (Llama 3.0's has
+# a reserved token there), and the official template renders tools.
+_LLAMA3_1 = ChatFormat(
+    official_template("llama3_1"), ("<|eot_id|>", "<|eom_id|>"), tool_parser="llama3_json"
+)
+_LLAMA3_1_MARKER = "<|python_tag|>"
 
-def chat_format(family_name):
+
+def chat_format(family_name, vocabulary=()):
     """Returns the maintained `ChatFormat` of a family, or `None`.
 
     A preset's own template, from `preset_chat_template()`, takes precedence:
@@ -358,7 +313,11 @@ def chat_format(family_name):
 
     Args:
         family_name: A family key of `families.FAMILIES`, e.g. `"gemma3"`.
+        vocabulary: The preset's token strings, which tell a family's
+            versions apart (Llama 3.1 from Llama 3).
     """
+    if family_name == "llama3" and _LLAMA3_1_MARKER in vocabulary:
+        return _LLAMA3_1
     return _CHAT_FORMATS.get(family_name)
 
 

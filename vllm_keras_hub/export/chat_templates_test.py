@@ -1,4 +1,5 @@
 import json
+import time
 
 import pytest
 
@@ -21,6 +22,9 @@ _SPECIAL_TOKENS = {
     "qwen3": (None, "<|im_end|>"),
     "qwen3_moe": (None, "<|im_end|>"),
     "phi3": ("<s>", "<|endoftext|>"),
+    "qwen3_5": (None, "<|im_end|>"),
+    "qwen3_5_moe": (None, "<|im_end|>"),
+    "smollm3": ("<|begin_of_text|>", "<|im_end|>"),
 }
 
 CONVERSATION = [
@@ -52,12 +56,14 @@ EXPECTED = {
     "gemma": _GEMMA,
     "gemma3": _GEMMA,
     "gemma3n": _GEMMA,
+    # vLLM hands Gemma 4's template the system text as a part, which it
+    # follows with a space; thinking off closes an empty thought channel.
     "gemma4": (
-        "<bos><|turn>system\nYou are terse.<turn|>\n"
+        "<bos><|turn>system\nYou are terse. <turn|>\n"
         "<|turn>user\nHi<turn|>\n"
         "<|turn>model\nHello!<turn|>\n"
         "<|turn>user\nHow are you?<turn|>\n"
-        "<|turn>model\n"
+        "<|turn>model\n<|channel>thought\n<channel|>"
     ),
     "llama": (
         "<s>[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi [/INST] Hello! </s>"
@@ -77,6 +83,16 @@ EXPECTED = {
     "qwen_moe": _CHATML,
     "qwen3": _CHATML,
     "qwen3_moe": _CHATML,
+    # Qwen3.5 thinks by default: the generation prompt opens the block.
+    "qwen3_5": _CHATML + "<think>\n",
+    "qwen3_5_moe": _CHATML + "<think>\n",
+    # SmolLM3's official template closes its system turn only after tools.
+    "smollm3": (
+        "<|im_start|>system\n## Metadata\n\nKnowledge Cutoff Date: June 2025\n"
+        "Today Date: {today}\nReasoning Mode: /think\n\n"
+        "## Custom Instructions\n\nYou are terse.\n\n"
+        + _CHATML[_CHATML.index("<|im_start|>user") :]
+    ),
     "phi3": (
         "<|system|>\nYou are terse.<|end|>\n"
         "<|user|>\nHi<|end|>\n"
@@ -134,7 +150,8 @@ def _render(family_name, messages, **kwargs):
 
 @pytest.mark.parametrize("family_name", sorted(EXPECTED))
 def test_renders_system_user_assistant_user(family_name):
-    assert _render(family_name, CONVERSATION) == EXPECTED[family_name]
+    expected = EXPECTED[family_name].replace("{today}", time.strftime("%d %B %Y"))
+    assert _render(family_name, CONVERSATION) == expected
 
 
 def test_expected_covers_every_chat_format():
@@ -163,7 +180,7 @@ def test_gemma_without_system_and_trims_content():
 
 def test_gemma4_without_system_and_trims_content():
     rendered = _render("gemma4", [{"role": "user", "content": "  Hi \n"}])
-    assert rendered == "<bos><|turn>user\nHi<turn|>\n<|turn>model\n"
+    assert rendered == "<bos><|turn>user\nHi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
 
 
 def test_gemma_without_generation_prompt():
@@ -233,24 +250,9 @@ def test_qwen3_enable_thinking_false_writes_empty_think_block():
             "Only user and assistant roles are supported",
         ),
         (
-            "qwen",
-            [{"role": "tool", "content": "42"}],
-            "tool calling needs the model's own chat template",
-        ),
-        (
-            "qwen3",
-            [{"role": "tool", "content": "42"}],
-            "tool calling needs the model's own chat template",
-        ),
-        (
-            "gemma4",
-            [{"role": "tool", "content": "42"}],
-            "tool calling needs the model's own chat template",
-        ),
-        (
-            "gemma4",
-            [{"role": "assistant", "content": "Hi"}],
-            "Conversation roles must alternate",
+            "qwen3_5",
+            [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}],
+            "System message must be at the beginning",
         ),
     ],
 )
@@ -263,8 +265,9 @@ def test_forbidden_conversations_raise_the_template_message(
         _render(family_name, messages)
 
 
-# The families served with images: their templates take a message's parts.
-IMAGE_FAMILIES = ("gemma3", "gemma3n", "gemma4")
+# The families whose templates take a message's parts: those served with
+# images, and Qwen3.5's official template (images and video).
+IMAGE_FAMILIES = ("gemma3", "gemma3n", "gemma4", "qwen3_5", "qwen3_5_moe")
 
 
 def test_vllm_passes_string_content_and_image_families_parts():
@@ -290,7 +293,11 @@ def test_vllm_passes_string_content_and_image_families_parts():
             "<bos><start_of_turn>user\nLook:<start_of_image>what is it?"
             "<end_of_turn>\n<start_of_turn>model\n",
         ),
-        ("gemma4", "<bos><|turn>user\nLook:<|image|>what is it?<turn|>\n<|turn>model\n"),
+        (
+            "gemma4",
+            "<bos><|turn>user\nLook:<|image|>what is it?<turn|>\n"
+            "<|turn>model\n<|channel>thought\n<channel|>",
+        ),
     ],
 )
 def test_an_image_part_stands_where_it_is(family_name, expected):
@@ -322,7 +329,7 @@ def test_every_chat_format_has_turn_end_tokens():
 
 
 @pytest.mark.parametrize(
-    "family_name", ["gpt2", "opt", "smollm3", "gpt_neox", "bloom", "falcon"]
+    "family_name", ["gpt2", "opt", "gpt_oss", "gpt_neox", "bloom", "falcon"]
 )
 def test_families_without_chat_format(family_name):
     families.family_by_name(family_name)

@@ -112,6 +112,10 @@ class ModelFolder:
         self.images = config.get("keras_hub_image")
         # A text embedder's pooling (`export/embedder.py`), else `None`.
         self.embedder = config.get("keras_hub_embedder")
+        # vLLM's parsers for the chat format's tool calls and thinking
+        # (`export/chat_templates.py`), else `None`.
+        self.tool_parser = config.get("keras_hub_tool_parser")
+        self.reasoning_parser = config.get("keras_hub_reasoning_parser")
 
     def cleanup(self):
         """Lets go of the folder now. Safe to call more than once."""

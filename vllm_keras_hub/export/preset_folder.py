@@ -7,6 +7,7 @@ Hugging Face `tokenizers` format, its chat template, and
 preset itself by the `keras_hub` load format.
 """
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -176,25 +177,33 @@ ROLE_GUARD = (
 )
 
 
-def chat_template_and_stops(preset, family):
-    """The chat template to serve `preset` with, and its turn-end tokens.
+def chat_format_of(preset, family, vocabulary):
+    """The `ChatFormat` to serve `preset` with.
 
     The preset's own template first, else the family's maintained format,
-    either behind a guard that refuses unknown roles. A family with no chat
-    format gets a template that refuses chat requests with a message saying
-    how to pass one (vLLM answers it with a 400).
+    either behind a guard that refuses unknown roles. A preset's own template
+    gets the family's parsers where it renders what they read (tools,
+    thinking). A family with no chat format gets a template that refuses chat
+    requests with a message saying how to pass one (vLLM answers it with a
+    400).
     """
+    family_format = chat_templates.chat_format(family.name, vocabulary)
     template = chat_templates.preset_chat_template(preset)
     if template is not None:
-        return ROLE_GUARD + template, ()
-    chat_format = chat_templates.chat_format(family.name)
-    if chat_format is not None:
-        return ROLE_GUARD + chat_format.template, chat_format.turn_end_tokens
+        parsers = {}
+        if family_format is not None:
+            if family_format.tool_parser and "tools" in template:
+                parsers["tool_parser"] = family_format.tool_parser
+            if family_format.reasoning_parser and "think" in template:
+                parsers["reasoning_parser"] = family_format.reasoning_parser
+        return chat_templates.ChatFormat(ROLE_GUARD + template, (), **parsers)
+    if family_format is not None:
+        return dataclasses.replace(family_format, template=ROLE_GUARD + family_format.template)
     message = (
         f"{family.display_name} presets have no chat format. "
         f"{chat_templates.NO_CHAT_TEMPLATE_HELP}"
     )
-    return "{{ raise_exception(%s) }}" % json.dumps(message), ()
+    return chat_templates.ChatFormat("{{ raise_exception(%s) }}" % json.dumps(message), ())
 
 
 def adds_start_token(preset, tokenizer):
@@ -244,8 +253,8 @@ def write_model_folder(preset, directory, max_model_len=None):
     dims = model_dims(backbone_config)
     if max_model_len is not None:
         dims["max_position_embeddings"] = int(max_model_len)
-    chat_template, turn_end_tokens = chat_template_and_stops(preset, family)
-    stop_ids = stop_token_ids(tokenizer, family.stop_tokens + turn_end_tokens)
+    chat_format = chat_format_of(preset, family, set(tokenizer.get_vocabulary()))
+    stop_ids = stop_token_ids(tokenizer, family.stop_tokens + chat_format.turn_end_tokens)
     model_config = config_lib.KerasHubConfig(
         keras_hub_preset=preset,
         keras_hub_family=family.name,
@@ -254,6 +263,8 @@ def write_model_folder(preset, directory, max_model_len=None):
         bos_token_id=tokenizer.start_token_id,
         pad_token_id=getattr(tokenizer, "pad_token_id", None),
         torch_dtype=weights_dtype(backbone_config),
+        keras_hub_tool_parser=chat_format.tool_parser,
+        keras_hub_reasoning_parser=chat_format.reasoning_parser,
         **{
             "architectures": [config_lib.ARCHITECTURE],
             **dims,
@@ -273,7 +284,7 @@ def write_model_folder(preset, directory, max_model_len=None):
 
     # transformers' tokenizers (so vLLM) read this file beside tokenizer.json.
     with open(os.path.join(directory, chat_templates.CHAT_TEMPLATE_FILE), "w") as f:
-        f.write(chat_template)
+        f.write(chat_format.template)
     return _write_tokenizer(
         preset, tokenizer, directory, add_start_token=adds_start_token(preset, tokenizer)
     )

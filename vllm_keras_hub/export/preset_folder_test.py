@@ -304,7 +304,8 @@ def test_gemma4_chat_prompt_tokenizes_its_turn_pieces_whole(tiny):
         turn, turn_end = (
             keras_tokenizer.token_to_id(token) for token in ("<|turn>", "<turn|>")
         )
-        text = "<|turn>user\nHi<turn|>\n<|turn>model\n"
+        # The official template closes an empty thought channel when thinking is off.
+        text = "<|turn>user\nHi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
         expected = [keras_tokenizer.start_token_id] + [
             int(i) for i in keras_tokenizer(text)
         ]

@@ -365,7 +365,7 @@ def randomize_constant_moe_weights(backbone, seed):
 
 
 def build_tiny_preset(
-    family, directory, seed=0, logit_scale=None, multimodal=False, images=None
+    family, directory, seed=0, logit_scale=None, multimodal=False, images=None, chat=False
 ):
     """Saves a tiny random-weight preset of `family` into `directory`.
 
@@ -381,6 +381,8 @@ def build_tiny_preset(
         images: With a tiny image encoder whose images are served (and the
             tokenizer's image tokens), for a key of `IMAGES`: its options
             (`{}` for none).
+        chat: With the tokenizer's tool-calling and thinking tokens
+            (`tokenizers.CHAT_TOKENS`).
 
     Returns:
         `directory`.
@@ -388,7 +390,7 @@ def build_tiny_preset(
     causal_lm_name, backbone_name, _ = TINY_FAMILIES[family]
     keras.utils.set_random_seed(seed)
     tokenizer = make_tokenizer(
-        _TOKENIZER_FAMILY.get(family, family), images=images is not None
+        _TOKENIZER_FAMILY.get(family, family), images=images is not None, chat=chat
     )
     backbone = getattr(keras_hub.models, backbone_name)(
         **backbone_kwargs(

@@ -41,13 +41,14 @@ class Shared:
                     shutil.rmtree(staging, ignore_errors=True)
         return path
 
-    def preset(self, family, multimodal=False, images=None):
+    def preset(self, family, multimodal=False, images=None, chat=False):
         """The tiny random-weight preset `build_tiny_preset` makes.
 
         Args:
             family: A key of `TINY_FAMILIES`.
             multimodal: With a tiny media encoder (`MULTIMODAL`).
             images: With a served image encoder's options (`IMAGES`).
+            chat: With the tokenizer's tool-calling and thinking tokens.
         """
         from vllm_keras_hub.testing.presets import build_tiny_preset
 
@@ -56,10 +57,12 @@ class Shared:
             name += "-multimodal"
         if images is not None:
             name += "-images-" + "-".join(f"{k}={v}" for k, v in sorted(images.items()))
+        if chat:
+            name += "-chat"
         return self._made_once(
             f"presets/{name}",
             lambda path: build_tiny_preset(
-                family, path, multimodal=multimodal, images=images
+                family, path, multimodal=multimodal, images=images, chat=chat
             ),
         )
 

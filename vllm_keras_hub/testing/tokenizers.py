@@ -176,6 +176,32 @@ _GEMMA4_SYMBOLS = ("<|turn>", "<turn|>")
 # tokens registers too.
 _GEMMA4_VISION_SYMBOLS = ("<|image>", "<|image|>", "<image|>", "<|video|>")
 
+# The tool-calling and thinking tokens of the published vocabularies, for
+# chat presets (`make_tokenizer(..., chat=True)`): Qwen3's added tokens,
+# unsplittable as an `hf://` conversion lists them, and Gemma 4's pieces.
+CHAT_TOKENS = {
+    "qwen3": (
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_response>",
+        "</tool_response>",
+    ),
+    "gemma4": (
+        "<|tool>",
+        "<tool|>",
+        "<|tool_call>",
+        "<tool_call|>",
+        "<|tool_response>",
+        "<tool_response|>",
+        '<|"|>',
+        "<|channel>",
+        "<channel|>",
+        "<|think|>",
+    ),
+}
+
 _PHI3_SYMBOLS = ("<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>")
 
 FAMILIES = (
@@ -331,13 +357,15 @@ def tiny_sentencepiece_proto(
     return model.getvalue()
 
 
-def make_tokenizer(family, images=False):
+def make_tokenizer(family, images=False, chat=False):
     """A KerasHub tokenizer of `family` built from the tiny assets.
 
     Args:
         family: One of `FAMILIES`, or `"phi3"`.
         images: With the family's image tokens, where its text tokenizer
             has none (Gemma4).
+        chat: With the family's tool-calling and thinking tokens
+            (`CHAT_TOKENS`).
 
     Returns:
         A `keras_hub.tokenizers.Tokenizer` of the family's own class.
@@ -365,11 +393,12 @@ def make_tokenizer(family, images=False):
         "gpt_neox": keras_hub.tokenizers.GPTNeoXTokenizer,
         "gpt_oss": keras_hub.tokenizers.GptOssTokenizer,
     }
+    chat_tokens = CHAT_TOKENS[family] if chat else ()
     if family in bpe_classes:
-        vocabulary, merges = tiny_bpe_vocabulary_and_merges(
-            _BPE_SPECIAL_TOKENS[family]
-        )
-        return bpe_classes[family](vocabulary=vocabulary, merges=merges)
+        special_tokens = _BPE_SPECIAL_TOKENS[family] + chat_tokens
+        vocabulary, merges = tiny_bpe_vocabulary_and_merges(special_tokens)
+        kwargs = {"unsplittable_tokens": list(special_tokens)} if chat else {}
+        return bpe_classes[family](vocabulary=vocabulary, merges=merges, **kwargs)
     if family == "gemma":
         proto = tiny_sentencepiece_proto(
             layout="gemma", user_defined_symbols=_GEMMA3_SYMBOLS[:2]
@@ -387,6 +416,7 @@ def make_tokenizer(family, images=False):
         return keras_hub.tokenizers.Gemma3nTokenizer(proto=proto)
     if family == "gemma4":
         symbols = _GEMMA4_SYMBOLS + (_GEMMA4_VISION_SYMBOLS if images else ())
+        symbols += chat_tokens
         proto = tiny_sentencepiece_proto(layout="gemma", user_defined_symbols=symbols)
         return keras_hub.tokenizers.Gemma4Tokenizer(
             proto=proto,
