@@ -57,12 +57,15 @@ class ChatFormat:
             calls, or `None` where it has none.
         reasoning_parser: vLLM's `--reasoning-parser` for the format's
             thinking, or `None` where it has none.
+        response_template: For vLLM's `hf` parsers: the format's output
+            regions, written into `tokenizer_config.json`.
     """
 
     template: str
     turn_end_tokens: tuple[str, ...]
     tool_parser: str | None = None
     reasoning_parser: str | None = None
+    response_template: dict | None = None
 
 
 # Where each verbatim official template in `templates/` was copied from.
@@ -78,6 +81,8 @@ OFFICIAL_SOURCES = {
     "examples/tool_chat_template_gemma4.jinja (c408fdd, synced from the Hub)",
     "smollm3": "HuggingFaceTB/SmolLM3-3B, via huggingface/swift-jinja "
     "Tests/Templates/ChatTemplates.swift",
+    "gpt_oss": "openai/gpt-oss-120b, via ggml-org/llama.cpp "
+    "models/templates/openai-gpt-oss-120b.jinja (the same file as gpt-oss-20b's)",
 }
 
 
@@ -264,9 +269,42 @@ _QWEN3_5 = ChatFormat(
     reasoning_parser="qwen3",
 )
 
+# GPT-OSS answers in harmony: thinking in the analysis channel, tool calls in
+# the commentary channel addressed `to=functions.NAME` (before or after the
+# channel, both as the official template writes them and as the model card
+# documents), the answer in the final channel. vLLM parses harmony with
+# `openai_harmony` only for its own `gpt_oss` model type, which needs the
+# o200k encoding file by its pinned SHA-256; its `hf` parsers read this
+# description of the same regions instead.
+GPT_OSS_RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor_pattern": r"<\|start\|>assistant",
+    "fields": {
+        "thinking": {
+            "open_pattern": r"(?:<\|start\|>assistant)?<\|channel\|>analysis<\|message\|>",
+            "close": "<|end|>",
+            "content": "text",
+        },
+        "tool_calls": {
+            "open_pattern": r"(?:<\|start\|>assistant)?"
+            r"(?: to=functions\.(?P<name>[^\s<]+)<\|channel\|>commentary"
+            r"|<\|channel\|>commentary to=functions\.(?P<name>[^\s<]+))"
+            r"[^<]*(?:<\|constrain\|>[^<]*)?<\|message\|>",
+            "close": "<|call|>",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}},
+        },
+        "content": {
+            "open_pattern": r"(?:<\|start\|>assistant)?<\|channel\|>final<\|message\|>",
+            "close_pattern": r"<\|return\|>|<\|end\|>",
+            "content": "text",
+        },
+    },
+}
+
 # Families not listed have no maintained format: base-only families (GPT-2,
-# OPT, ...), and GPT-OSS, whose harmony format vLLM renders and parses only
-# for its own `gpt_oss` model type.
+# OPT, ...).
 _CHAT_FORMATS = {
     "gemma": _GEMMA,
     "gemma3": ChatFormat(GEMMA3_TEMPLATE, ("<end_of_turn>",)),
@@ -294,6 +332,15 @@ _CHAT_FORMATS = {
     # not the OpenAI `tools` vLLM passes, so no tool parser.
     "smollm3": ChatFormat(official_template("smollm3"), ("<|im_end|>",), reasoning_parser="qwen3"),
     "phi3": ChatFormat(PHI3_TEMPLATE, ("<|end|>",)),
+    # A turn ends at `<|return|>`, or at `<|call|>` for a tool call, as
+    # gpt-oss's generation config stops.
+    "gpt_oss": ChatFormat(
+        official_template("gpt_oss"),
+        ("<|return|>", "<|call|>"),
+        tool_parser="hf",
+        reasoning_parser="hf",
+        response_template=GPT_OSS_RESPONSE_TEMPLATE,
+    ),
 }
 
 # Llama 3.1 and later: the vocabulary names `<|python_tag|>` (Llama 3.0's has

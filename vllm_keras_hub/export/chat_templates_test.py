@@ -25,6 +25,7 @@ _SPECIAL_TOKENS = {
     "qwen3_5": (None, "<|im_end|>"),
     "qwen3_5_moe": (None, "<|im_end|>"),
     "smollm3": ("<|begin_of_text|>", "<|im_end|>"),
+    "gpt_oss": (None, "<|endoftext|>"),
 }
 
 CONVERSATION = [
@@ -93,6 +94,17 @@ EXPECTED = {
         "## Custom Instructions\n\nYou are terse.\n\n"
         + _CHATML[_CHATML.index("<|im_start|>user") :]
     ),
+    # Harmony: the system message becomes the developer's instructions.
+    "gpt_oss": (
+        "<|start|>system<|message|>You are ChatGPT, a large language model trained "
+        "by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: {date}\n\n"
+        "Reasoning: medium\n\n# Valid channels: analysis, commentary, final. "
+        "Channel must be included for every message.<|end|>"
+        "<|start|>developer<|message|># Instructions\n\nYou are terse.\n\n<|end|>"
+        "<|start|>user<|message|>Hi<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>Hello!<|end|>"
+        "<|start|>user<|message|>How are you?<|end|><|start|>assistant"
+    ),
     "phi3": (
         "<|system|>\nYou are terse.<|end|>\n"
         "<|user|>\nHi<|end|>\n"
@@ -151,6 +163,7 @@ def _render(family_name, messages, **kwargs):
 @pytest.mark.parametrize("family_name", sorted(EXPECTED))
 def test_renders_system_user_assistant_user(family_name):
     expected = EXPECTED[family_name].replace("{today}", time.strftime("%d %B %Y"))
+    expected = expected.replace("{date}", time.strftime("%Y-%m-%d"))
     assert _render(family_name, CONVERSATION) == expected
 
 
@@ -329,7 +342,7 @@ def test_every_chat_format_has_turn_end_tokens():
 
 
 @pytest.mark.parametrize(
-    "family_name", ["gpt2", "opt", "gpt_oss", "gpt_neox", "bloom", "falcon"]
+    "family_name", ["gpt2", "opt", "gpt_neox", "bloom", "falcon"]
 )
 def test_families_without_chat_format(family_name):
     families.family_by_name(family_name)

@@ -73,6 +73,17 @@ TOOL_FAMILIES = {
             "<tool_response|>",
         ),
     ),
+    "gpt_oss": (
+        "gpt_oss",
+        "hf",
+        "hf",
+        (
+            "<|start|>assistant to=functions.get_weather<|channel|>commentary json"
+            '<|message|>{"city": "Paris"}<|call|>',
+            "<|start|>functions.get_weather to=assistant<|channel|>commentary"
+            '<|message|>"{\\"sky\\": \\"sunny\\"}"<|end|>',
+        ),
+    ),
     "llama3": (
         "llama3_1",
         "llama3_json",
@@ -91,6 +102,7 @@ _TOKENS = {
     "qwen3_5": (None, "<|im_end|>"),
     "gemma4": ("<bos>", "<eos>"),
     "llama3": ("<|begin_of_text|>", "<|eot_id|>"),
+    "gpt_oss": (None, "<|endoftext|>"),
 }
 
 
@@ -142,12 +154,52 @@ def test_every_parser_a_format_names_is_one_of_vllms():
     formats.append(chat_templates.chat_format("llama3", _VOCABULARY["llama3"]))
     tool_parsers = {f.tool_parser for f in formats} - {None}
     reasoning_parsers = {f.reasoning_parser for f in formats} - {None}
-    assert tool_parsers == {"hermes", "qwen3_coder", "gemma4", "llama3_json"}
-    assert reasoning_parsers == {"qwen3", "gemma4"}
+    assert tool_parsers == {"hermes", "qwen3_coder", "gemma4", "llama3_json", "hf"}
+    assert reasoning_parsers == {"qwen3", "gemma4", "hf"}
     for name in tool_parsers:
         assert ToolParserManager.get_tool_parser(name) is not None
     for name in reasoning_parsers:
         assert ReasoningParserManager.get_reasoning_parser(name) is not None
+
+
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        (
+            "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>"
+            "final<|message|>Sunny.<|return|>",
+            {"thinking": "Hm.", "content": "Sunny."},
+        ),
+        # The call addressed after the channel, as the model card writes it,
+        # and before it, as the official template does; its stop token
+        # (`<|call|>`) is not in the text vLLM parses.
+        (
+            "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>"
+            'commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Rome"}',
+            {"thinking": "Hm.", "call": ("get_weather", {"city": "Rome"})},
+        ),
+        (
+            "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant to=functions."
+            'get_weather<|channel|>commentary json<|message|>{"city": "Rome"}',
+            {"thinking": "Hm.", "call": ("get_weather", {"city": "Rome"})},
+        ),
+    ],
+    ids=["final", "call-after-channel", "call-before-channel"],
+)
+def test_gpt_oss_response_template_reads_harmony(output, expected):
+    from vllm.parser.chat_parsing import ResponseParser
+
+    parser = ResponseParser(
+        chat_templates.GPT_OSS_RESPONSE_TEMPLATE, prefix="<|start|>assistant"
+    )
+    parser.feed(output)
+    message, _ = parser.finalize()
+    got = {"thinking": message.get("thinking")}
+    if "content" in message:
+        got["content"] = message["content"]
+    for call in message.get("tool_calls", []):
+        got["call"] = (call["function"]["name"], call["function"]["arguments"])
+    assert got == expected
 
 
 def test_llama3_1_is_told_apart_by_its_vocabulary():

@@ -285,9 +285,18 @@ def write_model_folder(preset, directory, max_model_len=None):
     # transformers' tokenizers (so vLLM) read this file beside tokenizer.json.
     with open(os.path.join(directory, chat_templates.CHAT_TEMPLATE_FILE), "w") as f:
         f.write(chat_format.template)
-    return _write_tokenizer(
+    mode = _write_tokenizer(
         preset, tokenizer, directory, add_start_token=adds_start_token(preset, tokenizer)
     )
+    if chat_format.response_template is not None:
+        # Where vLLM's `hf` parsers read it (`resolve_response_template`).
+        path = os.path.join(directory, tokenizer_export.TOKENIZER_CONFIG_FILE)
+        with open(path) as f:
+            tokenizer_config = json.load(f)
+        tokenizer_config["response_template"] = chat_format.response_template
+        with open(path, "w") as f:
+            json.dump(tokenizer_config, f, indent=2)
+    return mode
 
 
 def _write_embedder_folder(

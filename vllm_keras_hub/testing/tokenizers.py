@@ -177,8 +177,9 @@ _GEMMA4_SYMBOLS = ("<|turn>", "<turn|>")
 _GEMMA4_VISION_SYMBOLS = ("<|image>", "<|image|>", "<image|>", "<|video|>")
 
 # The tool-calling and thinking tokens of the published vocabularies, for
-# chat presets (`make_tokenizer(..., chat=True)`): Qwen3's added tokens,
-# unsplittable as an `hf://` conversion lists them, and Gemma 4's pieces.
+# chat presets (`make_tokenizer(..., chat=True)`): Qwen3's and GPT-OSS's
+# added tokens, unsplittable as an `hf://` conversion lists them, and Gemma
+# 4's pieces.
 CHAT_TOKENS = {
     "qwen3": (
         "<think>",
@@ -187,6 +188,15 @@ CHAT_TOKENS = {
         "</tool_call>",
         "<tool_response>",
         "</tool_response>",
+    ),
+    "gpt_oss": (
+        "<|start|>",
+        "<|end|>",
+        "<|message|>",
+        "<|channel|>",
+        "<|constrain|>",
+        "<|return|>",
+        "<|call|>",
     ),
     "gemma4": (
         "<|tool>",
