@@ -289,14 +289,19 @@ def write_model_folder(preset, directory, max_model_len=None):
         preset, tokenizer, directory, add_start_token=adds_start_token(preset, tokenizer)
     )
     if chat_format.response_template is not None:
-        # Where vLLM's `hf` parsers read it (`resolve_response_template`).
-        path = os.path.join(directory, tokenizer_export.TOKENIZER_CONFIG_FILE)
-        with open(path) as f:
-            tokenizer_config = json.load(f)
-        tokenizer_config["response_template"] = chat_format.response_template
-        with open(path, "w") as f:
-            json.dump(tokenizer_config, f, indent=2)
+        add_response_template(directory, chat_format.response_template)
     return mode
+
+
+def add_response_template(directory, response_template):
+    """Adds a chat format's `response_template` to the exported
+    `tokenizer_config.json`, where vLLM's `hf` parsers read it."""
+    path = os.path.join(directory, tokenizer_export.TOKENIZER_CONFIG_FILE)
+    with open(path) as f:
+        tokenizer_config = json.load(f)
+    tokenizer_config["response_template"] = response_template
+    with open(path, "w") as f:
+        json.dump(tokenizer_config, f, indent=2)
 
 
 def _write_embedder_folder(

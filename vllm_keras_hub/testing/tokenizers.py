@@ -180,15 +180,20 @@ _GEMMA4_VISION_SYMBOLS = ("<|image>", "<|image|>", "<image|>", "<|video|>")
 # chat presets (`make_tokenizer(..., chat=True)`): Qwen3's and GPT-OSS's
 # added tokens, unsplittable as an `hf://` conversion lists them, and Gemma
 # 4's pieces.
+_QWEN3_CHAT_TOKENS = (
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+)
 CHAT_TOKENS = {
-    "qwen3": (
-        "<think>",
-        "</think>",
-        "<tool_call>",
-        "</tool_call>",
-        "<tool_response>",
-        "</tool_response>",
-    ),
+    "qwen": ("<tool_call>", "</tool_call>"),
+    "qwen3": _QWEN3_CHAT_TOKENS,
+    "qwen3_5": _QWEN3_CHAT_TOKENS,
+    "llama3": ("<|python_tag|>", "<|eom_id|>"),
+    "smollm3": (),
     "gpt_oss": (
         "<|start|>",
         "<|end|>",
