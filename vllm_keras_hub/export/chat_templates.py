@@ -349,6 +349,8 @@ _LLAMA3_1 = ChatFormat(
     official_template("llama3_1"), ("<|eot_id|>", "<|eom_id|>"), tool_parser="llama3_json"
 )
 _LLAMA3_1_MARKER = "<|python_tag|>"
+# The tokens that tell a family's later versions apart.
+VERSION_MARKERS = frozenset({_LLAMA3_1_MARKER})
 
 
 def chat_format(family_name, vocabulary=()):

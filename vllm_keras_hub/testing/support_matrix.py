@@ -31,6 +31,22 @@ def _mark(value):
     return str(value)
 
 
+
+def _chat_cell(family_name):
+    """The chat format column: none, or the format and the vLLM parsers of
+    its tool calls and thinking (those of the family's latest version)."""
+    chat_format = chat_templates.chat_format(family_name)
+    if chat_format is None:
+        return "none (400)"
+    latest = chat_templates.chat_format(family_name, chat_templates.VERSION_MARKERS)
+    parts = ["yes"]
+    if latest.tool_parser:
+        version = "" if chat_format.tool_parser else " (3.1+)"
+        parts.append(f"tools{version}: `{latest.tool_parser}`")
+    if latest.reasoning_parser:
+        parts.append(f"thinking: `{latest.reasoning_parser}`")
+    return "; ".join(parts)
+
 def render():
     """The matrix as Markdown: tested presets, then families without a route."""
     lines = [
@@ -46,7 +62,7 @@ def render():
         family = families.family_for_backbone(result["backbone"])
         tested.add(family.name)
         route = {"keras_hub": "keras-hub's", "vllm_keras_hub": "ours"}[family.route]
-        chat = "yes" if chat_templates.chat_format(family.name) else "none (400)"
+        chat = _chat_cell(family.name)
         cells = [family.display_name, name, route]
         cells += [_mark(result.get(column)) for column in COLUMNS]
         if not family.tensor_parallel:
