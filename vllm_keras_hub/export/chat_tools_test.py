@@ -245,3 +245,13 @@ def test_the_users_parser_flags_win():
     assert settings.chat_parser_flags(folder, chosen) == {}
     plugin = {"tool_parser_plugin": "my_parser.py"}
     assert settings.chat_parser_flags(folder, plugin) == {"reasoning_parser": "qwen3"}
+
+
+def test_a_call_the_format_cannot_express_is_refused_by_its_template():
+    from vllm.exceptions import VLLMValidationError
+
+    two_calls = [dict(CONVERSATION[2]["tool_calls"][0], id=f"call{i}") for i in range(2)]
+    messages = [*CONVERSATION[:2], {**CONVERSATION[2], "tool_calls": two_calls}]
+    template = chat_templates.chat_format("llama3", _VOCABULARY["llama3"]).template
+    with pytest.raises(VLLMValidationError, match="only supports single tool-calls"):
+        _render(template, "llama3", messages, tools=[TOOL])
