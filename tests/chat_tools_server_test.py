@@ -167,7 +167,7 @@ def no_whitespace(tokenizer):
     return {str(i): -100 for i in blanks}
 
 
-def chat(client, family, messages, stream=False, **kwargs):
+def chat(client, messages, stream=False, **kwargs):
     """`(reasoning, content, [(name, arguments)], finish_reason)` of a chat."""
     response = client.chat.completions.create(
         model=MODEL, messages=messages, temperature=0, stream=stream, **kwargs
@@ -179,7 +179,8 @@ def chat(client, family, messages, stream=False, **kwargs):
             (call.function.name, json.loads(call.function.arguments))
             for call in message.tool_calls or []
         ]
-        return message.reasoning or "", message.content or "", calls, choice.finish_reason
+        reasoning = getattr(message, "reasoning", None) or ""
+        return reasoning, message.content or "", calls, choice.finish_reason
     reasoning, content, names, arguments, finish = "", "", [], {}, None
     for chunk in response:
         if not chunk.choices:
@@ -203,7 +204,7 @@ def test_thinking_then_a_tool_call_are_parsed(client, tokenizer, family, stream)
     spec = FAMILIES[family]
     extra = forced(tokenizer, family)
     reasoning, content, calls, finish = chat(
-        client, family, QUESTION, stream=stream, tools=[TOOL], max_tokens=FORCED_TOKENS,
+        client, QUESTION, stream=stream, tools=[TOOL], max_tokens=FORCED_TOKENS,
         extra_body={**extra, "chat_template_kwargs": spec["thinking"]},
     )  # fmt: skip
     assert reasoning.strip() == REASONING
@@ -331,9 +332,9 @@ def test_tool_choice_forces_a_call_where_vllm_can(client, tokenizer, family, too
     )  # fmt: skip
     if TOOL_CHOICE[family] == "refused":
         with pytest.raises(openai.BadRequestError, match="cannot guarantee"):
-            chat(client, family, QUESTION, **request)
+            chat(client, QUESTION, **request)
         return
-    _, content, calls, _ = chat(client, family, QUESTION, **request)
+    _, content, calls, _ = chat(client, QUESTION, **request)
     if TOOL_CHOICE[family] == "unconstrained":
         assert calls == [], calls  # Fails once vLLM constrains it: update the docs.
         return

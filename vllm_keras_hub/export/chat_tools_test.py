@@ -255,3 +255,32 @@ def test_a_call_the_format_cannot_express_is_refused_by_its_template():
     template = chat_templates.chat_format("llama3", _VOCABULARY["llama3"]).template
     with pytest.raises(VLLMValidationError, match="only supports single tool-calls"):
         _render(template, "llama3", messages, tools=[TOOL])
+
+
+def _family(name):
+    from vllm_keras_hub.models import families
+
+    return families.family_by_name(name)
+
+
+def test_a_presets_own_template_gets_the_parsers_of_what_it_renders(tmp_path):
+    from vllm_keras_hub.export.preset_folder import ROLE_GUARD
+    from vllm_keras_hub.export.preset_folder import chat_format_of
+
+    own = chat_templates.official_template("gpt_oss")
+    (tmp_path / chat_templates.CHAT_TEMPLATE_FILE).write_text(own)
+    chat_format = chat_format_of(str(tmp_path), _family("gpt_oss"), set())
+    assert chat_format.template == ROLE_GUARD + own
+    assert (chat_format.tool_parser, chat_format.reasoning_parser) == ("hf", "hf")
+    # The family's format: its output regions and turn ends come along.
+    assert chat_format.response_template == chat_templates.GPT_OSS_RESPONSE_TEMPLATE
+    assert chat_format.turn_end_tokens == ("<|return|>", "<|call|>")
+
+
+def test_a_presets_own_template_without_tools_or_thinking_gets_no_parsers(tmp_path):
+    from vllm_keras_hub.export.preset_folder import chat_format_of
+
+    (tmp_path / chat_templates.CHAT_TEMPLATE_FILE).write_text("{{ messages[0]['content'] }}")
+    chat_format = chat_format_of(str(tmp_path), _family("qwen3"), set())
+    assert (chat_format.tool_parser, chat_format.reasoning_parser) == (None, None)
+    assert chat_format.turn_end_tokens == ()

@@ -196,7 +196,15 @@ def chat_format_of(preset, family, vocabulary):
                 parsers["tool_parser"] = family_format.tool_parser
             if family_format.reasoning_parser and "think" in template:
                 parsers["reasoning_parser"] = family_format.reasoning_parser
-        return chat_templates.ChatFormat(ROLE_GUARD + template, (), **parsers)
+        if not parsers:
+            return chat_templates.ChatFormat(ROLE_GUARD + template, ())
+        # It writes the family's format: its turn ends and output regions too.
+        return dataclasses.replace(
+            family_format,
+            template=ROLE_GUARD + template,
+            tool_parser=parsers.get("tool_parser"),
+            reasoning_parser=parsers.get("reasoning_parser"),
+        )
     if family_format is not None:
         return dataclasses.replace(family_format, template=ROLE_GUARD + family_format.template)
     message = (
