@@ -1,10 +1,12 @@
-"""vLLM's parsers, as `serve` picks them, read each format from our tokenizer.
+"""Each tool format on our exported tokenizer: its prompt, and vLLM's parsers.
 
 For every family whose chat format names parsers, vLLM composes them as its
 server does (`ParserManager.get_parser`, which also checks them against the
 tokenizer at start-up) on the exported tokenizer of a tiny vocabulary with
 the published tool and thinking tokens, and parses what a trained model
-writes in that format. `tests/chat_tools_server_test.py` runs the same
+writes in that format. A conversation with tools, a call and its result
+tokenizes, as vLLM renders it, to the ids of the official template's text in
+the family's own KerasHub tokenizer. `tests/chat_tools_server_test.py` runs the same
 through servers, streamed too, for Qwen3, Gemma 4 and GPT-OSS.
 """
 
@@ -15,6 +17,7 @@ import pytest
 from vllm_keras_hub.export import chat_templates
 from vllm_keras_hub.export.preset_folder import add_response_template
 from vllm_keras_hub.export.tokenizer import export_tokenizer
+from vllm_keras_hub.testing.tokenizers import CHAT_TOKENS
 from vllm_keras_hub.testing.tokenizers import make_tokenizer
 
 TOOL = {
@@ -135,3 +138,41 @@ def test_the_formats_parsers_read_its_output(tokenizers, case):
     )
     calls = [(call.name, json.loads(call.arguments)) for call in calls or []]
     assert (reasoning, content or None, calls) == expected
+
+
+@pytest.mark.parametrize("family", ["qwen", "qwen3", "qwen3_5", "llama3", "gemma4", "gpt_oss"])
+def test_a_tool_conversation_tokenizes_as_the_official_template_renders_it(
+    tokenizers, family
+):
+    """Token for token: vLLM's rendering with our exported tokenizer gives
+    the ids of the official template's text in the family's own KerasHub
+    tokenizer, every tool and thinking token whole."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+    from vllm.renderers.hf import safe_apply_chat_template
+
+    from vllm_keras_hub.export.chat_tools_test import CONVERSATION
+    from vllm_keras_hub.export.chat_tools_test import TOOL as DOCUMENTED_TOOL
+    from vllm_keras_hub.export.chat_tools_test import TOOL_FAMILIES
+
+    keras_tokenizer, tokenizer = tokenizers(family)
+    vocabulary = set(keras_tokenizer.get_vocabulary())
+    template = chat_templates.chat_format(family, vocabulary).template
+    bos = keras_tokenizer.start_token if keras_tokenizer.start_token_id is not None else ""
+    served = safe_apply_chat_template(
+        None, tokenizer, CONVERSATION, chat_template=template, tools=[DOCUMENTED_TOOL],
+        tokenize=False, add_generation_prompt=True, bos_token=bos,
+    )  # fmt: skip
+    (official,), _ = render_jinja_template(
+        conversations=[CONVERSATION],
+        tools=[DOCUMENTED_TOOL],
+        chat_template=chat_templates.official_template(TOOL_FAMILIES[family][0]),
+        add_generation_prompt=True,
+        bos_token=bos,
+    )
+    ids = tokenizer.encode(served, add_special_tokens=False)
+    expected = [] if not bos else [keras_tokenizer.start_token_id]
+    expected += [int(i) for i in keras_tokenizer.tokenize(official[len(bos) :])]
+    assert ids == expected
+    specials = (*CHAT_TOKENS.get(family, ()), *getattr(keras_tokenizer, "special_tokens", ()))
+    whole = [t for t in specials if t in official]
+    assert whole and all(keras_tokenizer.token_to_id(t) in ids for t in whole)
