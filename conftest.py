@@ -7,6 +7,27 @@ import pytest
 
 # Before anything imports keras: the served layers run on torch.
 os.environ.setdefault("KERAS_BACKEND", "torch")
+
+
+def _keep_absl_off_the_capture_file():
+    """Points absl's log handler at the real stderr.
+
+    absl's handler keeps the `sys.stderr` of its creation: under pytest,
+    capture's file. vLLM's `dictConfig` (`vllm/logger.py`) closes every
+    logging handler when an in-process engine configures logging, and absl's
+    `PythonHandler.close()` closes its stream unless it is `sys.stderr` at
+    that moment, which a `capsys` test has replaced. Capture's file closed,
+    every later test of the worker then errors ("I/O operation on closed
+    file"). Outside pytest the stream is `sys.stderr` and stays open.
+    """
+    import sys
+
+    from absl import logging as absl_logging
+
+    absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
+
+
+_keep_absl_off_the_capture_file()
 # The suite's own cache roots, not the user's ~/.cache/vllm and
 # ~/.cache/vllm-keras-hub: vLLM's compile and model-info caches, and the
 # SmolLM2 preset. Kept between runs, as a user's are (vLLM keys its saved
