@@ -322,8 +322,7 @@ def settle(folder, values, given):
 
     Sets, where the user did not: the `keras_hub` load format, the folder's
     tokenizer mode, whole-image scheduling for images that attend
-    bidirectionally, on the CPU a fixed KV cache, and the chat format's tool
-    call and reasoning parsers (`chat_parser_flags`).
+    bidirectionally, and on the CPU a fixed KV cache.
 
     Args:
         folder: The preset's `ModelFolder`.
@@ -355,12 +354,14 @@ def settle(folder, values, given):
         check_embedder_settings(folder.embedder["task"], {**values, **updates})
         return updates
     check(folder.family, folder.images, {**values, **updates})
-    updates.update(chat_parser_flags(folder, values))
     return updates
 
 
 def chat_parser_flags(folder, values):
     """The parser settings `vllm serve` needs for the folder's chat format.
+
+    Server flags, not engine arguments: `serve` sets them, `KerasHubLLM`
+    (whose `chat()` parses nothing) does not.
 
     Tool calls are parsed (`--enable-auto-tool-choice --tool-call-parser`)
     unless the user chose a tool parser or parser plugin; thinking is split

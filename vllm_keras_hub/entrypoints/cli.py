@@ -111,6 +111,7 @@ def serve(model, vllm_argv):
         )
     try:
         updates = settings.settle(folder, vars(args), given)
+        updates.update(settings.chat_parser_flags(folder, vars(args)))
         for name, value in updates.items():
             setattr(args, name, value)
         chosen = _parser_flags(updates)
