@@ -28,6 +28,7 @@ def _keep_absl_off_the_capture_file():
 
 
 _keep_absl_off_the_capture_file()
+
 # The suite's own cache roots, not the user's ~/.cache/vllm and
 # ~/.cache/vllm-keras-hub: vLLM's compile and model-info caches, and the
 # SmolLM2 preset. Kept between runs, as a user's are (vLLM keys its saved

@@ -31,7 +31,6 @@ def _mark(value):
     return str(value)
 
 
-
 def _chat_cell(family_name):
     """The chat format column: none, or the format and the vLLM parsers of
     its tool calls and thinking (those of the family's latest version)."""
@@ -41,11 +40,13 @@ def _chat_cell(family_name):
     latest = chat_templates.chat_format(family_name, chat_templates.VERSION_MARKERS)
     parts = ["yes"]
     if latest.tool_parser:
+        # Only Llama 3 gains tools in a later version (3.1, `VERSION_MARKERS`).
         version = "" if chat_format.tool_parser else " (3.1+)"
         parts.append(f"tools{version}: `{latest.tool_parser}`")
     if latest.reasoning_parser:
         parts.append(f"thinking: `{latest.reasoning_parser}`")
     return "; ".join(parts)
+
 
 def render():
     """The matrix as Markdown: tested presets, then families without a route."""
