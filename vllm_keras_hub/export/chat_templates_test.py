@@ -115,12 +115,12 @@ EXPECTED = {
 }
 
 
-def _hf_tokenizer(family_name):
+def _hf_tokenizer(family_name, special_tokens=None):
     """A word-level tokenizer with the family's bos and eos, for rendering."""
     import tokenizers
     import transformers
 
-    bos, eos = _SPECIAL_TOKENS[family_name]
+    bos, eos = special_tokens or _SPECIAL_TOKENS[family_name]
     specials = [token for token in ("<unk>", bos, eos) if token]
     vocab = {token: i for i, token in enumerate(specials)}
     backend = tokenizers.Tokenizer(

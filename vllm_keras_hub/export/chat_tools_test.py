@@ -110,9 +110,6 @@ def _render(template, family_name, messages, **kwargs):
     from vllm.renderers.hf import _detect_content_format
     from vllm.renderers.hf import safe_apply_chat_template
 
-    from vllm_keras_hub.export import chat_templates_test
-
-    chat_templates_test._SPECIAL_TOKENS.setdefault(family_name, _TOKENS[family_name])
     if _detect_content_format(template, default="openai") == "openai":
         messages = [
             {**m, "content": [{"type": "text", "text": m["content"]}]}
@@ -122,7 +119,7 @@ def _render(template, family_name, messages, **kwargs):
         ]
     return safe_apply_chat_template(
         None,
-        _hf_tokenizer(family_name),
+        _hf_tokenizer(family_name, _TOKENS[family_name]),
         messages,
         chat_template=template,
         tokenize=False,
