@@ -8,6 +8,7 @@ the preset would not be served exactly is refused here, with the reason.
 
 import os
 
+from vllm_keras_hub import speculative
 from vllm_keras_hub.export.image_format import needs_whole_images
 from vllm_keras_hub.lora.adapters import check_lora_serving
 
@@ -279,6 +280,7 @@ def check(family, image, values):
         )
     if values.get("enable_lora"):
         check_lora_serving(tensor, pipeline)
+    speculative.check(values.get("speculative_config"), pipeline, bool(image))
     if image:
         check_image_settings(
             image,

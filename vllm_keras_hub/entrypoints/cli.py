@@ -86,6 +86,7 @@ def serve(model, vllm_argv):
     from vllm.logger import configure_logging_from_args
 
     from vllm_keras_hub import settings
+    from vllm_keras_hub import speculative
     from vllm_keras_hub.export.model_folder import ModelFolder
     from vllm_keras_hub.lora.merged import adapter_loader_config
     from vllm_keras_hub.plugin import register
@@ -109,8 +110,11 @@ def serve(model, vllm_argv):
         args.model_loader_extra_config = adapter_loader_config(
             own_args.lora_weights, args.model_loader_extra_config
         )
+    draft = None
     try:
         updates = settings.settle(folder, vars(args), given)
+        draft_updates, draft = speculative.settle(folder, vars(args))
+        updates.update(draft_updates)
         updates.update(settings.chat_parser_flags(folder, vars(args)))
         for name, value in updates.items():
             setattr(args, name, value)
@@ -132,6 +136,8 @@ def serve(model, vllm_argv):
         command.cmd(args)
     finally:
         folder.cleanup()
+        if draft is not None:
+            draft.cleanup()
 
 
 def _parser_flags(values):

@@ -13,6 +13,7 @@ from vllm_keras_hub import backend
 backend.default_to_torch()
 
 from vllm_keras_hub import settings  # noqa: E402
+from vllm_keras_hub import speculative  # noqa: E402
 from vllm_keras_hub.export.model_folder import ModelFolder  # noqa: E402
 from vllm_keras_hub.export.preset_folder import strip_prefix  # noqa: E402
 from vllm_keras_hub.lora import adapters as lora_adapters  # noqa: E402
@@ -51,6 +52,7 @@ class KerasHubLLM(vllm.LLM):
 
     def __init__(self, model, lora_weights=None, **kwargs):
         self.model_folder = None
+        self.draft_folder = None
         preset = self._preset = strip_prefix(model)
         self._adapter_folders = {}
         if lora_weights is not None:
@@ -69,6 +71,8 @@ class KerasHubLLM(vllm.LLM):
             )
             try:
                 kwargs.update(settings.settle(self.model_folder, kwargs, set(kwargs)))
+                updates, self.draft_folder = speculative.settle(self.model_folder, kwargs)
+                kwargs.update(updates)
             except BaseException:
                 self.close()
                 raise
@@ -110,8 +114,9 @@ class KerasHubLLM(vllm.LLM):
         engine = getattr(self, "llm_engine", None)
         if engine is not None and hasattr(engine, "engine_core"):
             engine.engine_core.shutdown()
-        if self.model_folder is not None:
-            self.model_folder.cleanup()
+        for folder in (self.model_folder, self.draft_folder):
+            if folder is not None:
+                folder.cleanup()
 
     def __enter__(self):
         return self

@@ -40,6 +40,7 @@ from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 
 from vllm_keras_hub import settings
+from vllm_keras_hub import speculative
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
 from vllm_keras_hub.export.hf_config import LOAD_FORMAT
@@ -131,7 +132,8 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         self.vllm_config = vllm_config
         # Before vLLM's first (compiled) call, which loads a saved compile.
         load_saved_compiles(KerasHubForCausalLM)
-        self.prefix = prefix
+        # vLLM names a draft model's modules under `draft_model`, with no dot.
+        self.prefix = f"{prefix}." if prefix and not prefix.endswith(".") else prefix
         self.backbone = None
         self.stage = None
         self._final_logit_cap = None
@@ -286,6 +288,12 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
 
     def _build_attention(self, stage, routes):
         """One vLLM `Attention` per attending layer of the stage."""
+        if self.prefix == f"{speculative.DRAFT_PREFIX}.":
+            speculative.check_draft_attention(
+                routes.specs,
+                not self.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager,
+                self._name,
+            )
         attending = attention_layers.attention_indices(stage.layers)
         self.attending_layers = [stage.start + index for index in attending]
         self.attention = nn.ModuleList(
