@@ -31,11 +31,11 @@ import os
 
 from vllm_keras_hub.export.preset_folder import strip_prefix
 
+# The module prefix vLLM builds a `draft_model` drafter under.
+DRAFT_PREFIX = "draft_model"
 # Methods a KerasHub target is served with: ones that need nothing of the
 # target but its tokens (and, for `custom_class`, whatever the user's class
 # reads, which is theirs to check).
-# The module prefix vLLM builds a `draft_model` drafter under.
-DRAFT_PREFIX = "draft_model"
 SERVED_METHODS = ("draft_model", "ngram", "ngram_gpu", "suffix", "custom_class")
 _NGRAM_MODELS = ("ngram", "[ngram]")
 
@@ -98,11 +98,11 @@ def check(speculative_config, pipeline=None, images=False, lora_weights=None):
     if method == "draft_model" and images:
         raise UnsupportedSpeculativeConfigError(
             "A draft model is not served with a target that serves images: "
-            "in tests/speculative_test.py a Gemma3 vision target with a text "
-            "draft gave other greedy tokens than its generate() in the rows "
-            "whose prompt ends shortly after an image, so drafting is not "
-            "exact there yet. Serve the preset without --speculative-config, "
-            "or with method 'ngram'."
+            "a tiny Gemma3 vision preset drafted by its text preset gave other "
+            "greedy tokens than its generate() for prompts ending shortly "
+            "after an image (n-gram drafts on it were exact), so drafting is "
+            "not exact there yet. Serve the preset without a draft model, or "
+            "with method 'ngram'."
         )
     if method == "draft_model" and lora_weights:
         raise UnsupportedSpeculativeConfigError(
