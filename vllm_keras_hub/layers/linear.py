@@ -26,6 +26,7 @@ from keras import ops
 
 from vllm_keras_hub.compile.direct_calls import direct_call
 from vllm_keras_hub.layers import onednn
+from vllm_keras_hub.loading import heap
 
 _GEMM_CLASSES = {}
 _TIED_OUTPUT_CLASSES = {}
@@ -295,6 +296,16 @@ def _pack(matrix):
     return onednn.functional(linear.cpu_linear) or functools.partial(_cpu_gemm, linear)
 
 
+def _keras_matmul(variable, permutation, in_size):
+    # Keras's own kernel behind the packed call path, read without the
+    # guard: only reads from outside a layer's call are recorded.
+    def matmul(rows):
+        kernel = variable.value.detach().permute(permutation)
+        return rows @ kernel.reshape(in_size, -1)
+
+    return matmul
+
+
 def use_vllm_cpu_gemm(model, step):
     """Moves a built model's plain matmul weights to vLLM's CPU GEMM.
 
@@ -303,10 +314,12 @@ def use_vllm_cpu_gemm(model, step):
     quantized, have LoRA enabled, are not built, or whose weight dtype
     differs from their compute dtype keep Keras's matmul. So do layers whose
     weight other code reads (Gemma4's decoder block multiplies its MoE
-    feed-forward kernels itself): `step` runs once with every candidate moved and Keras's
-    copies still there, and any weight read outside its layer's call stays
-    with Keras. The other Keras copies are then freed; a moved weight can no
-    longer be read, so the model can serve but not train, save or be
+    feed-forward kernels itself): `step` runs once with every candidate on
+    the packed call path but still multiplying by Keras's kernel, and any
+    weight read outside its layer's call stays with Keras. The others are
+    then packed and Keras's copy freed one weight at a time, so loading
+    holds one extra weight, not a second copy of them all. A moved weight
+    can no longer be read, so the model can serve but not train, save or be
     quantized.
 
     A float32 tied ReversibleEmbedding keeps its one tensor and runs its
@@ -339,33 +352,43 @@ def use_vllm_cpu_gemm(model, step):
             # Held by a vLLM parallel linear, or by another pipeline stage.
             continue
         chosen.append((layer, weight))
-    packed = []
+    routed = []
     for layer, (variable, permutation, contracted_rank) in chosen:
-        kernel = variable.value.detach().permute(permutation)
-        in_size = math.prod(kernel.shape[:contracted_rank])
+        shape = tuple(variable.shape[axis] for axis in permutation)
+        in_size = math.prod(shape[:contracted_rank])
         keras_class = type(layer)
         use_packed_kernel(
             layer,
-            _pack(kernel.reshape(in_size, -1)),
+            _keras_matmul(variable, permutation, in_size),
             in_size,
             contracted_rank,
-            tuple(kernel.shape[contracted_rank:]),
+            shape[contracted_rank:],
         )
-        packed.append((layer, keras_class, variable))
+        routed.append((layer, keras_class, variable, permutation))
     step()
     # A variable two layers share stays if either layer's weight was read.
     read = {
         id(variable)
-        for layer, _, variable in packed
+        for layer, _, variable, _ in routed
         if layer._packed_kernel.read
     }
     moved = 0
-    for layer, keras_class, variable in packed:
+    packs = {}
+    for layer, keras_class, variable, permutation in routed:
         if id(variable) in read:
             layer.__class__ = keras_class
             del layer._packed_kernel
             continue
-        variable.value.data = torch.empty(0, dtype=variable.value.dtype)
-        layer._packed_kernel.freed = True
+        packed = layer._packed_kernel
+        if id(variable) not in packs:
+            kernel = variable.value.detach().permute(permutation)
+            packs[id(variable)] = _pack(kernel.reshape(packed.in_size, -1))
+            del kernel
+            variable.value.data = torch.empty(0, dtype=variable.value.dtype)
+            # Keras's copy may sit in the heap, where a packed weight (of
+            # another size) cannot reuse it: give its pages back now.
+            heap.release_free_memory()
+        packed.matmul = packs[id(variable)]
+        packed.freed = True
         moved += 1
     return moved

@@ -217,3 +217,58 @@ def test_compiled_matmuls_are_plain_nodes_on_vllms_onednn_kernel():
     targets = [str(node.target) for node in graphs[0].graph.nodes]
     assert targets.count("vllm_keras_hub.onednn_linear") == 2 * 7, targets
     assert not any("onednn_mm" in target for target in targets), targets
+
+
+_LOAD_MEMORY_SCRIPT = """
+import resource
+from vllm_keras_hub import backend
+backend.default_to_torch()
+import keras, psutil, torch
+from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
+from vllm_keras_hub.loading.heap import release_free_memory
+
+def maxrss():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+torch.set_num_threads(1)
+# Gemma3-1B's MLP kernel: 31.9 MB, just under glibc's largest mmap threshold.
+inputs = keras.Input((1152,))
+x = inputs
+for _ in range(8):
+    x = keras.layers.Dense(6912)(x)
+    x = keras.layers.Dense(1152)(x)
+model = keras.Model(inputs, x)
+weights = sum(v.value.numel() * 4 for v in model.weights if len(v.shape) == 2)
+model(torch.ones(2, 1152))
+before, peak_before = psutil.Process().memory_info().rss, maxrss()
+use_vllm_cpu_gemm(model, lambda: model(torch.ones(2, 1152)))
+peak = maxrss() - max(before, peak_before)
+release_free_memory()
+after = psutil.Process().memory_info().rss
+print(weights, peak, after - before)
+"""
+
+
+def test_loading_holds_one_extra_weight_and_returns_what_it_frees():
+    """16 kernels of 31.9 MB: packing them adds at most a few weights' worth
+    to the process's high-water mark (not a second copy of all 510 MB), and
+    once freed memory is released the process holds one copy, not two.
+    Read from the process (ru_maxrss, RSS), in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    from vllm_keras_hub.testing.user_env import user_env
+
+    out = subprocess.run(
+        [sys.executable, "-c", _LOAD_MEMORY_SCRIPT],
+        capture_output=True, text=True, env=user_env(), timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    weights, peak, held = map(int, out.stdout.split()[-3:])
+    one = 1152 * 6912 * 4
+    assert weights == 16 * one
+    # Packed copies replace Keras's: the packed weights (oneDNN may pad
+    # them) against Keras's, give or take a few weights.
+    assert peak <= 4 * one, (peak / one)
+    # Releasing may also return what building the model left (negative).
+    assert held <= 4 * one, (held / one)

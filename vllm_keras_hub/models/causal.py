@@ -53,6 +53,7 @@ from vllm_keras_hub.layers import state_routes
 from vllm_keras_hub.layers import step
 from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
 from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
+from vllm_keras_hub.loading import heap
 from vllm_keras_hub.loading import preset_weights
 from vllm_keras_hub.loading.load_format import backbone_dtype
 from vllm_keras_hub.loading.load_format import task_final_logit_cap
@@ -183,6 +184,7 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
             self._load(backbone, weights, lora_weights)
         finally:
             weights.close()
+        heap.release_free_memory()
 
     def _load(self, backbone, weights, lora_weights):
         self._dtype = self.vllm_config.model_config.dtype

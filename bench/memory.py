@@ -1,0 +1,186 @@
+"""Peak memory on a Gemma3-1B shape: vllm-keras-hub against vLLM native.
+
+    .venv/bin/python bench/memory.py                 # both systems, eager
+    .venv/bin/python bench/memory.py --compiled      # vLLM's default mode
+
+A random-weight Gemma3 of `gemma3_instruct_1b`'s shape (26 layers, hidden
+1152, 4 query heads and 1 KV head of 256, MLP 6912, sliding window 512, the
+full 262,144-token vocabulary, tied embeddings), float32, saved once as a
+KerasHub preset and exported by keras-hub's own Hugging Face exporter for
+vLLM's native Gemma3. Each system runs in its own subprocess with the same
+engine settings (2 GiB KV cache, `max_model_len` 512), as users start it
+(engine core and worker in their own processes), and serves 32 prompts of
+token ids, 64 new tokens each. The summed RSS of the process tree and each
+worker's RSS are sampled every 50 ms (`bench/systems.py: PeakRss`): the
+peak while the engine starts (weights loaded, KV cache allocated), the
+worker's RSS once it can serve, and the peak over the whole run. Writes
+`bench/results/memory.json`.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+RESULTS = os.path.join(ROOT, "bench", "results")
+SHAPE = dict(
+    vocabulary_size=262144,
+    image_size=None,
+    num_layers=26,
+    num_query_heads=4,
+    num_key_value_heads=1,
+    hidden_dim=1152,
+    intermediate_dim=6912,
+    head_dim=256,
+    query_head_dim_normalize=True,
+    use_query_key_norm=True,
+    use_post_ffw_norm=True,
+    use_post_attention_norm=True,
+    use_sliding_window_attention=True,
+    sliding_window_size=512,
+    local_rope_scaling_factor=1.0,
+    global_rope_scaling_factor=1.0,
+    layer_norm_epsilon=1e-6,
+)
+REQUESTS, NEW_TOKENS = 32, 64
+
+
+def make_weights(root):
+    """The KerasHub preset and its Hugging Face export, made once."""
+    import keras
+    import keras_hub
+    from keras_hub.src.utils.transformers.export.hf_exporter import (
+        export_to_safetensors,
+    )
+
+    from vllm_keras_hub.export.preset_folder import write_model_folder
+    from vllm_keras_hub.testing.tokenizers import make_tokenizer
+
+    preset, hf = os.path.join(root, "keras_hub"), os.path.join(root, "hf")
+    if os.path.isdir(hf):
+        return preset, hf
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.Gemma3Backbone(**SHAPE, dtype="float32")
+    causal_lm = keras_hub.models.Gemma3CausalLM(backbone=backbone, preprocessor=None)
+    causal_lm.save_to_preset(preset)
+    make_tokenizer("gemma3").save_to_preset(preset)
+    export_to_safetensors(causal_lm, hf + ".tmp")
+    ours = os.path.join(root, "folder")
+    write_model_folder(preset, ours)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(ours, name), hf + ".tmp")
+    os.replace(hf + ".tmp", hf)
+    return preset, hf
+
+
+def worker(system, preset, hf, compiled):
+    import vllm
+    from vllm.inputs import TokensPrompt
+
+    from bench.systems import PeakRss
+
+    kwargs = dict(
+        dtype="float32", max_model_len=512, kv_cache_memory_bytes=2 << 30, seed=0,
+        enforce_eager=not compiled,
+    )  # fmt: skip
+    rng = __import__("random").Random(0)
+    prompts = [
+        TokensPrompt(prompt_token_ids=[rng.randrange(3, 500) for _ in range(8 + i)])
+        for i in range(REQUESTS)
+    ]
+    params = vllm.SamplingParams(
+        temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, detokenize=False
+    )
+    with PeakRss() as rss:
+        if system == "keras_hub":
+            from vllm_keras_hub import KerasHubLLM
+
+            llm = KerasHubLLM(f"keras_hub:{preset}", **kwargs)
+        else:
+            llm = vllm.LLM(hf, hf_overrides={"architectures": ["Gemma3ForCausalLM"]}, **kwargs)
+        start_peak = rss.peak
+        start_workers = {title: peak for title, peak in rss.workers.values()}
+        serving_worker = _worker_rss(rss)
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+    return dict(
+        start_peak_mb=start_peak / 2**20,
+        start_worker_peak_mb={k: v / 2**20 for k, v in start_workers.items()},
+        serving_worker_rss_mb=serving_worker / 2**20,
+        run_peak_mb=rss.peak / 2**20,
+        run_worker_peak_mb={t: p / 2**20 for t, p in rss.workers.values()},
+        tok_s=REQUESTS * NEW_TOKENS / elapsed,
+        tokens=[list(o.outputs[0].token_ids) for o in outputs],
+    )
+
+
+def _worker_rss(rss):
+    import psutil
+
+    total = 0
+    for proc in rss.root.children(recursive=True):
+        try:
+            if (proc.cmdline() or [""])[0].startswith("VLLM::Worker"):
+                total += proc.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--compiled", action="store_true")
+    parser.add_argument("--systems", default="keras_hub,native")
+    parser.add_argument("--worker")
+    args = parser.parse_args()
+    from vllm_keras_hub import backend
+
+    backend.default_to_torch()
+    from vllm_keras_hub.cache import default_cache_dir
+
+    root = os.path.join(default_cache_dir(), "bench", "memory-gemma3-1b")
+    if args.worker:
+        preset, hf = os.path.join(root, "keras_hub"), os.path.join(root, "hf")
+        print("RESULT " + json.dumps(worker(args.worker, preset, hf, args.compiled)))
+        return
+    from bench.run import worker_env
+
+    env = worker_env(1)
+    os.makedirs(root, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-c", f"from bench.memory import make_weights; make_weights({root!r})"],
+        check=True, env={**env, "PYTHONPATH": ROOT}, cwd=ROOT,
+    )  # fmt: skip
+    results = {}
+    for system in args.systems.split(","):
+        argv = [sys.executable, __file__, "--worker", system]
+        if args.compiled:
+            argv.append("--compiled")
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
+        line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+        if out.returncode or not line:
+            sys.exit(f"{system} failed:\n{out.stderr[-3000:]}")
+        r = results[system] = json.loads(line[0][len("RESULT ") :])
+        print(f"{system:10s} start peak {r['start_peak_mb']:7.0f} MB  serving worker "
+              f"{r['serving_worker_rss_mb']:7.0f} MB  run peak {r['run_peak_mb']:7.0f} MB  "
+              f"{r['tok_s']:.1f} tok/s", flush=True)  # fmt: skip
+    if len(results) == 2:
+        ours, native = results["keras_hub"], results["native"]
+        for key in ("start_peak_mb", "serving_worker_rss_mb", "run_peak_mb"):
+            print(f"{key}: {ours[key] / native[key]:.3f}x native")
+        print("same tokens:", ours["tokens"] == native["tokens"])
+    os.makedirs(RESULTS, exist_ok=True)
+    name = "memory-compiled.json" if args.compiled else "memory.json"
+    with open(os.path.join(RESULTS, name), "w") as f:
+        json.dump(dict(shape=SHAPE, requests=REQUESTS, new_tokens=NEW_TOKENS,
+                       results=results, date=time.strftime("%Y-%m-%d %H:%M")), f)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
