@@ -171,25 +171,34 @@ def format_ranks(results):
 def format_serve_table(serve):
     if not serve:
         return ""
-    lines = ["| server | dtype | output tok/s | mean TTFT ms | mean TPOT ms | start-up s | peak RSS MB |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| server | dtype | concurrency | output tok/s (median) | runs | vs native | "
+             "mean TTFT ms | mean TPOT ms | start-up s | peak RSS MB |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    native = next((r for r in serve if r.get("system") == "native" and "error" not in r), None)
     for r in serve:
         if "error" in r:
-            lines.append(f"| {r.get('label', r.get('system'))} | {r.get('dtype')} | failed: "
-                         f"{r['error'].splitlines()[0][:80]} | | | | |")
+            lines.append(f"| {r.get('label', r.get('system'))} | {r.get('dtype')} | | failed: "
+                         f"{r['error'].splitlines()[0][:80]} | | | | | | |")
             continue
-        lines.append(
-            f"| {r['label']} | {r['dtype']} | {r['output_throughput']:.1f} | "
-            f"{r['mean_ttft_ms']:.1f} | {r['mean_tpot_ms']:.1f} | {r['startup_s']:.1f} | "
-            f"{r['peak_rss_mb']:.0f} |"
-        )
+        for concurrency, c in r["concurrency"].items():
+            runs = ", ".join(f"{x['output_throughput']:.1f}" for x in c["runs"])
+            ratio = ""
+            if native is not None and concurrency in native.get("concurrency", {}):
+                base = native["concurrency"][concurrency]["output_throughput"]
+                ratio = f"{c['output_throughput'] / base:.2f}x"
+            lines.append(
+                f"| {r['label']} | {r['dtype']} | {concurrency} | {c['output_throughput']:.1f} | "
+                f"{runs} | {ratio} | {c['mean_ttft_ms']:.1f} | {c['mean_tpot_ms']:.1f} | "
+                f"{r['startup_s']:.1f} | {r['peak_rss_mb']:.0f} |"
+            )
     r = next((r for r in serve if "error" not in r), None)
     if r:
         lines.append("")
         lines.append(
             f"`vllm bench serve` (vllm.benchmarks.serve.main): random dataset, "
-            f"{r['num_prompts']} prompts of {r['input_len']} tokens -> {r['output_len']} "
-            f"tokens (ignore_eos), max concurrency {r['max_concurrency']}, greedy."
+            f"{r['input_len']} -> {r['output_len']} tokens (ignore_eos), greedy; at each "
+            f"max concurrency C, {r['repeats']} runs of {r['prompts_per_slot']}C prompts, each on new prompts; "
+            "TTFT and TPOT are the median run's."
         )
     return "\n".join(lines)
 

@@ -185,6 +185,8 @@ NOTES = [
 def run_model(model, args, size, start):
     """Every system and dtype of one model; its table, targets and serve runs."""
     systems = [s for s in (args.systems or ",".join(model.systems)).split(",") if s]
+    if systems == ["none"]:  # the serving comparison alone
+        systems = []
     dtypes = [d for d in (args.dtypes or ",".join(model.dtypes)).split(",") if d]
     for s in systems:
         if s not in SYSTEMS:

@@ -18,8 +18,12 @@ SIZES = {
         # systems; the slow generate() systems once): the median counts.
         repeats=3,
         mixed_lengths=(8, 16, 24, 32),
-        serve_prompts=16,
-        serve_concurrency=8,
+        # Each concurrency runs `serve_repeats` times, each on new random
+        # prompts (another seed), `serve_prompts_per_slot` per concurrent
+        # slot; the median run counts.
+        serve_concurrency=(8, 32),
+        serve_repeats=3,
+        serve_prompts_per_slot=4,
         serve_input_len=32,
         serve_output_len=32,
     ),
@@ -30,8 +34,9 @@ SIZES = {
         concurrency=(8,),
         repeats=1,
         mixed_lengths=(4, 8),
-        serve_prompts=4,
-        serve_concurrency=2,
+        serve_concurrency=(2,),
+        serve_repeats=1,
+        serve_prompts_per_slot=2,
         serve_input_len=16,
         serve_output_len=8,
     ),
