@@ -19,12 +19,13 @@ Writes `bench/results/lora.json` and `bench/results/lora.png`.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench import worker_result  # noqa: E402
+
 RESULTS = os.path.join(ROOT, "bench", "results")
 RANK = 8
 ADAPTERS = 4
@@ -139,7 +140,7 @@ def main():
         with open(setup_path) as f:
             setup = json.load(f)
         result = worker(*args.worker, **setup)
-        print("RESULT " + json.dumps(result))
+        worker_result.emit(result)
         return
     from bench.models import _prepare_smollm2
     from bench.run import worker_env
@@ -155,14 +156,10 @@ def main():
     results = {}
     for case in CASES:
         for system in ("keras_hub", "native"):
-            out = subprocess.run(
+            results[(system, case)] = worker_result.run(
                 [sys.executable, __file__, "--worker", system, case],
-                env=env, capture_output=True, text=True, timeout=1200,
-            )  # fmt: skip
-            line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
-            if out.returncode or not line:
-                sys.exit(f"{system} / {case} failed:\n{out.stderr[-3000:]}")
-            results[(system, case)] = json.loads(line[0][len("RESULT ") :])
+                env, 1200, f"{system} / {case}",
+            )
             print(f"{case:24s} {system:10s} {results[(system, case)]['tok_s']:7.1f} tok/s", flush=True)
     rows = []
     for case in CASES:

@@ -20,6 +20,7 @@ worker's RSS once it can serve, and the peak over the whole run. Writes
 import argparse
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench import worker_result  # noqa: E402
+
 RESULTS = os.path.join(ROOT, "bench", "results")
 SHAPE = dict(
     vocabulary_size=262144,
@@ -88,7 +91,7 @@ def worker(system, preset, hf, compiled):
         dtype="float32", max_model_len=512, kv_cache_memory_bytes=2 << 30, seed=0,
         enforce_eager=not compiled,
     )  # fmt: skip
-    rng = __import__("random").Random(0)
+    rng = random.Random(0)
     prompts = [
         TokensPrompt(prompt_token_ids=[rng.randrange(3, 500) for _ in range(8 + i)])
         for i in range(REQUESTS)
@@ -147,7 +150,7 @@ def main():
     root = os.path.join(default_cache_dir(), "bench", "memory-gemma3-1b")
     if args.worker:
         preset, hf = os.path.join(root, "keras_hub"), os.path.join(root, "hf")
-        print("RESULT " + json.dumps(worker(args.worker, preset, hf, args.compiled)))
+        worker_result.emit(worker(args.worker, preset, hf, args.compiled))
         return
     from bench.run import worker_env
 
@@ -162,11 +165,7 @@ def main():
         argv = [sys.executable, __file__, "--worker", system]
         if args.compiled:
             argv.append("--compiled")
-        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
-        line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
-        if out.returncode or not line:
-            sys.exit(f"{system} failed:\n{out.stderr[-3000:]}")
-        r = results[system] = json.loads(line[0][len("RESULT ") :])
+        r = results[system] = worker_result.run(argv, env, 1800, system)
         print(f"{system:10s} start peak {r['start_peak_mb']:7.0f} MB  serving worker "
               f"{r['serving_worker_rss_mb']:7.0f} MB  run peak {r['run_peak_mb']:7.0f} MB  "
               f"{r['tok_s']:.1f} tok/s", flush=True)  # fmt: skip

@@ -23,12 +23,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench import worker_result  # noqa: E402
+
 RESULTS = os.path.join(ROOT, "bench", "results")
 DRAFT_TOKENS = 3
 SKIP_LAYERS = 6
@@ -143,7 +144,7 @@ def main():
     if args.worker:
         with open(setup_path) as f:
             setup = json.load(f)
-        print("RESULT " + json.dumps(worker(*args.worker, **setup)))
+        worker_result.emit(worker(*args.worker, **setup))
         return
     from bench.models import _prepare_smollm2
     from bench.run import worker_env
@@ -164,14 +165,10 @@ def main():
     results = {}
     for draft in DRAFTS:
         for system in ("keras_hub", "native"):
-            out = subprocess.run(
+            r = results[(system, draft)] = worker_result.run(
                 [sys.executable, __file__, "--worker", system, draft],
-                env=env, capture_output=True, text=True, timeout=1200,
-            )  # fmt: skip
-            line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
-            if out.returncode or not line:
-                sys.exit(f"{system} / {draft} failed:\n{out.stderr[-3000:]}")
-            r = results[(system, draft)] = json.loads(line[0][len("RESULT ") :])
+                env, 1200, f"{system} / {draft}",
+            )
             accepted = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
             print(f"{draft:18s} {system:10s} {r['ms_per_token']:6.1f} ms/token  "
                   f"acceptance {accepted}", flush=True)  # fmt: skip
