@@ -13,6 +13,8 @@ import subprocess
 import urllib.request
 
 import pytest
+import torch
+from safetensors.torch import save_file
 from vllm import SamplingParams
 
 from tests.model_test import ENGINE
@@ -125,14 +127,22 @@ def test_a_draft_whose_layers_share_kv_is_refused(shared):
 # Refused before an engine starts, with the reason.
 def _refusals(shared, tmp_path):
     llama = shared.preset("llama")
-    hf_folder = tmp_path / "hf"
-    hf_folder.mkdir()
-    (hf_folder / "config.json").write_text('{"model_type": "llama"}')
+    headless = tmp_path / "eagle3_head"
+    headless.mkdir()
+    save_file({"fc.weight": torch.zeros(2, 2)}, str(headless / "model.safetensors"))
     spec = {"model": f"keras_hub:{llama}", "num_speculative_tokens": 2}
     return {
-        "eagle3": (
-            dict(speculative_config={**spec, "method": "eagle3"}),
-            "feeds the drafter the target's hidden states",
+        "eagle": (
+            dict(speculative_config={**spec, "method": "eagle"}),
+            "EAGLE\\(-1\\) heads share the target's output head",
+        ),
+        "eagle3 without lm_head": (
+            dict(speculative_config={**spec, "method": "eagle3", "model": str(headless)}),
+            "has no `lm_head` of its own",
+        ),
+        "eagle3 on gemma3n": (
+            dict(speculative_config={**spec, "method": "eagle3", "model": "x/eagle3"}),
+            "AltUp's stack of hidden states",
         ),
         "pipeline": (
             dict(speculative_config=spec, pipeline_parallel_size=2),
@@ -143,10 +153,6 @@ def _refusals(shared, tmp_path):
                 speculative_config={**spec, "model": f"keras_hub:{shared.preset('qwen')}"}
             ),
             "another vocabulary than the target",
-        ),
-        "hf draft": (
-            dict(speculative_config={**spec, "model": str(hf_folder)}),
-            "loads a draft model with the target's load format",
         ),
         "image draft": (
             dict(
@@ -160,11 +166,19 @@ def _refusals(shared, tmp_path):
     }
 
 
-@pytest.mark.parametrize(
-    "case", ["eagle3", "pipeline", "other vocabulary", "hf draft", "image draft"]
-)
+CASES = {
+    "eagle": "llama",
+    "eagle3 without lm_head": "llama",
+    "eagle3 on gemma3n": "gemma3n",
+    "pipeline": "llama",
+    "other vocabulary": "llama",
+    "image draft": "gemma3",
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_refused_at_start_up(case, shared, tmp_path):
-    target = shared.preset("gemma3" if case == "image draft" else "llama")
+    target = shared.preset(CASES[case])
     settings, reason = _refusals(shared, tmp_path)[case]
     with pytest.raises(UnsupportedSpeculativeConfigError, match=reason):
         KerasHubLLM(f"keras_hub:{target}", **settings)

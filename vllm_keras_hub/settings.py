@@ -280,7 +280,12 @@ def check(family, image, values):
         )
     if values.get("enable_lora"):
         check_lora_serving(tensor, pipeline)
-    speculative.check(values.get("speculative_config"), pipeline, bool(image))
+    speculative.check(
+        values.get("speculative_config"),
+        pipeline,
+        bool(image),
+        backbone=family.backbone,
+    )
     if image:
         check_image_settings(
             image,

@@ -1,18 +1,20 @@
-"""Speculative decoding for KerasHub targets, with KerasHub presets as drafts.
+"""Speculative decoding for KerasHub targets: KerasHub drafts and EAGLE-3 heads.
 
 vLLM's `draft_model` method runs a smaller generative model of the target's
 vocabulary as the drafter, in the target's worker, with its own paged KV
 cache; the target verifies every drafted token, so greedy output is the
 target's own. A KerasHub preset drafts as `keras_hub:<preset>`: `settle`
 writes its model folder and points the speculative config at it, and vLLM
-builds our model class for it under the `draft_model` prefix.
+builds our model class for it under the `draft_model` prefix. `eagle3`
+runs a published EAGLE-3 head on the target's aux hidden states
+(`layers/eagle3.py`).
 
 What vLLM 0.32 does that decides the rest:
-- `DraftModelProposer._get_model` calls `get_model` without a load config,
-  so a draft loads with the target's (`load_format` and
-  `model_loader_extra_config`), never `draft_load_config`. A KerasHub
-  target's draft is therefore a KerasHub preset too, and a merged adapter
-  would reach the draft as well.
+- Drafters load with the target's load config (`get_draft_load_config`;
+  `DraftModelProposer._get_model` passes none), so the `keras_hub` loader
+  hands a drafter that is not a preset (an EAGLE-3 head, a Hugging Face
+  draft model) to vLLM's own loader, and a merged adapter would reach a
+  KerasHub draft.
 - `verify_equal_vocab_size_if_draft_model` compares vocabulary sizes only;
   a draft whose tokens mean other things would pass and draft nothing
   useful. `settle` compares the vocabularies themselves.
@@ -21,9 +23,10 @@ What vLLM 0.32 does that decides the rest:
   with the hybrid KV cache manager off (which then keeps whole-sequence KV
   for sliding layers), and one whose layers share KV (Gemma3n, Gemma4)
   does not run at all. `check_draft_attention` says so at load.
-- EAGLE, EAGLE-3, MTP and the other model-based methods read the target's
-  hidden states and `model.embed_tokens`; our model class hands drafters
-  neither, so they are refused here rather than failing inside the worker.
+- An EAGLE-3 head without its own `lm_head` would share the target's
+  (`_maybe_share_lm_head`), a vLLM `ParallelLMHead` a KerasHub target has
+  only under tensor parallelism; EAGLE(-1) heads ship none, and MTP
+  drafters read the target's layers by vLLM's module names.
 """
 
 import json
@@ -36,7 +39,11 @@ DRAFT_PREFIX = "draft_model"
 # Methods a KerasHub target is served with: ones that need nothing of the
 # target but its tokens (and, for `custom_class`, whatever the user's class
 # reads, which is theirs to check).
-SERVED_METHODS = ("draft_model", "ngram", "ngram_gpu", "suffix", "custom_class")
+SERVED_METHODS = (
+    "draft_model", "eagle3", "ngram", "ngram_gpu", "suffix", "custom_class"
+)  # fmt: skip
+# Methods that run a drafter model in the target's worker.
+_MODEL_METHODS = ("draft_model", "eagle3")
 _NGRAM_MODELS = ("ngram", "[ngram]")
 
 
@@ -63,10 +70,18 @@ def method_of(speculative_config):
 
     if SpeculativeConfig._is_custom_proposer_path(model):
         return "custom_class"
+    # As `SpeculativeConfig.__post_init__` infers it from the draft's name.
+    name = str(model).lower()
+    if "eagle-" in name:
+        return "eagle"
+    if "eagle3" in name:
+        return "eagle3"
     return "draft_model"
 
 
-def check(speculative_config, pipeline=None, images=False, lora_weights=None):
+def check(
+    speculative_config, pipeline=None, images=False, lora_weights=None, backbone=None
+):
     """Raises for speculative settings a KerasHub target is not served with.
 
     Args:
@@ -74,6 +89,7 @@ def check(speculative_config, pipeline=None, images=False, lora_weights=None):
         pipeline: The pipeline-parallel size, if set.
         images: Whether the target serves images.
         lora_weights: The adapter merged into the target at load, if any.
+        backbone: The target's backbone class name, if known.
     """
     if speculative_config is None:
         return
@@ -81,36 +97,56 @@ def check(speculative_config, pipeline=None, images=False, lora_weights=None):
     if method not in SERVED_METHODS:
         raise UnsupportedSpeculativeConfigError(
             f"Speculative method {method!r} is not served for KerasHub "
-            "targets: it feeds the drafter the target's hidden states and "
-            "embedding (`model.embed_tokens`), which vllm-keras-hub's model "
-            "class does not hand to drafters. Served methods: "
+            "targets: EAGLE(-1) heads share the target's output head and MTP "
+            "drafters read its layers by vLLM's module names, neither of "
+            "which a KerasHub target has. Served methods: "
             f"{', '.join(SERVED_METHODS)}; for `draft_model`, a KerasHub "
             "preset of the same vocabulary as 'keras_hub:<preset>'."
         )
-    if method == "draft_model" and (pipeline or 1) > 1:
+    if method not in _MODEL_METHODS:
+        return
+    if (pipeline or 1) > 1:
         raise UnsupportedSpeculativeConfigError(
-            "A draft model cannot run under pipeline parallelism "
+            f"Method {method!r} cannot run under pipeline parallelism "
             f"(pipeline_parallel_size={pipeline}): vLLM 0.32 builds the drafter "
             "on the last stage only (`GPUModelRunner.__init__`), and every "
             "other stage's worker fails at start-up reading it "
             "(`_check_and_update_cudagraph_mode`)."
         )
-    if method == "draft_model" and images:
+    if images:
         raise UnsupportedSpeculativeConfigError(
-            "A draft model is not served with a target that serves images: "
+            f"Method {method!r} is not served with a target that serves images: "
             "a tiny Gemma3 vision preset drafted by its text preset gave other "
             "greedy tokens than its generate() for prompts ending shortly "
-            "after an image (n-gram drafts on it were exact), so drafting is "
-            "not exact there yet. Serve the preset without a draft model, or "
-            "with method 'ngram'."
+            "after an image (n-gram drafts on it were exact), so model drafters "
+            "are not exact there yet. Serve the preset without one, or with "
+            "method 'ngram'."
         )
-    if method == "draft_model" and lora_weights:
+    if method == "eagle3" and backbone == "Gemma3nBackbone":
         raise UnsupportedSpeculativeConfigError(
-            "A draft model cannot be served with a merged adapter "
+            "EAGLE-3 is not served for Gemma3n: its layers pass AltUp's stack "
+            "of hidden states, not the one residual stream an EAGLE-3 head "
+            "reads."
+        )
+    if (
+        method == "draft_model"
+        and lora_weights
+        and _keras_hub_draft(speculative_config)
+    ):
+        raise UnsupportedSpeculativeConfigError(
+            "A KerasHub draft model cannot be served with a merged adapter "
             f"(lora_weights={lora_weights!r}): vLLM 0.32 loads the draft with "
             "the target's load config, so the adapter would be merged into "
             "the draft too."
         )
+
+
+def _keras_hub_draft(speculative_config):
+    if isinstance(speculative_config, dict):
+        model = speculative_config.get("model")
+        return strip_prefix(model) is not None or _is_keras_hub_folder(model)
+    draft = speculative_config.draft_model_config
+    return hasattr(getattr(draft, "hf_config", None), "keras_hub_preset")
 
 
 def check_draft_attention(specs, hybrid_kv_cache_manager, name):
@@ -142,6 +178,8 @@ def check_draft_attention(specs, hybrid_kv_cache_manager, name):
 
 
 def _is_keras_hub_folder(path):
+    if path is None:
+        return False
     config = os.path.join(os.path.expanduser(str(path)), "config.json")
     if not os.path.isfile(config):
         return False
@@ -208,18 +246,22 @@ def settle(target, values):
 
     spec = values.get("speculative_config")
     lora_weights = (values.get("model_loader_extra_config") or {}).get("lora_weights")
-    check(spec, values.get("pipeline_parallel_size"), bool(target.images), lora_weights)
-    if spec is None or method_of(spec) != "draft_model":
+    check(
+        spec,
+        values.get("pipeline_parallel_size"),
+        bool(target.images),
+        lora_weights,
+        target.family.backbone,
+    )
+    if spec is None:
         return {}, None
-    model = spec.get("model")
-    preset = strip_prefix(model)
-    if preset is None:
-        if model is not None and not _is_keras_hub_folder(model):
-            raise UnsupportedSpeculativeConfigError(
-                f"The draft {model!r} is not a KerasHub preset: vLLM 0.32 loads "
-                "a draft model with the target's load format, so a KerasHub "
-                "target's draft is a preset too, 'keras_hub:<preset>'."
-            )
+    method = method_of(spec)
+    if method == "eagle3":
+        _check_eagle3_head(spec.get("model"))
+    if method != "draft_model":
+        return {}, None
+    preset = strip_prefix(spec.get("model"))
+    if preset is None:  # A Hugging Face draft, loaded by vLLM's own loader.
         return {}, None
     draft = ModelFolder(preset, max_model_len=values.get("max_model_len"))
     try:
@@ -230,3 +272,24 @@ def settle(target, values):
         draft.cleanup()
         raise
     return {"speculative_config": {**spec, "model": draft.path}}, draft
+
+
+def _check_eagle3_head(model):
+    """Raises for a local EAGLE-3 head without its own output head."""
+    if model is None or not os.path.isdir(os.path.expanduser(str(model))):
+        return
+    from safetensors import safe_open
+
+    folder = os.path.expanduser(str(model))
+    files = [name for name in os.listdir(folder) if name.endswith(".safetensors")]
+    names = set()
+    for name in files:
+        with safe_open(os.path.join(folder, name), framework="pt") as f:
+            names.update(f.keys())
+    if files and not any("lm_head" in name for name in names):
+        raise UnsupportedSpeculativeConfigError(
+            f"The EAGLE-3 head {model!r} has no `lm_head` of its own, so vLLM "
+            "would give it the target's (`_maybe_share_lm_head`), a vLLM "
+            "`ParallelLMHead` that a KerasHub target does not have: its output "
+            "head is its KerasHub token embedding."
+        )

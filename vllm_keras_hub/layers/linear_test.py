@@ -1,15 +1,15 @@
 """vLLM's CPU GEMM under KerasHub layers: Keras's results, one weight copy."""
 
 import keras
-from keras import ops
 import pytest
 import torch
+from keras import ops
 
-from vllm_keras_hub.layers.linear import matmul_plan
-from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.direct_calls_test import serving_step
 from vllm_keras_hub.compile.direct_calls_test import tiny_gemma
+from vllm_keras_hub.layers.linear import matmul_plan
+from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
 
 # Same math, another kernel library: float32 sums differ in the last bits.
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}

@@ -67,6 +67,26 @@ class KerasHubModelLoader(BaseModelLoader):
             )
         self.lora_weights = extra_config.get(LORA_WEIGHTS_KEY)
 
+    def load_model(self, vllm_config, model_config, prefix=""):
+        """Loads a KerasHub model; hands any other (a drafter) to vLLM's loader.
+
+        vLLM 0.32 loads speculative drafters with the target's load config
+        (`get_draft_load_config`, and `DraftModelProposer._get_model` passes
+        none at all), so an EAGLE-3 head or a Hugging Face draft model of a
+        KerasHub target reaches this loader; it loads as vLLM would load it
+        for a native target.
+        """
+        if hasattr(model_config.hf_config, "keras_hub_preset"):
+            return super().load_model(vllm_config, model_config, prefix)
+        from dataclasses import replace
+
+        from vllm.model_executor.model_loader import get_model_loader
+
+        native = replace(
+            self.load_config, load_format="auto", model_loader_extra_config={}
+        )
+        return get_model_loader(native).load_model(vllm_config, model_config, prefix)
+
     def download_model(self, model_config):
         """Fetches the preset files into KerasHub's cache ahead of loading."""
         from keras_hub.src.utils.preset_utils import CONFIG_FILE

@@ -33,6 +33,7 @@ from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import set_current_vllm_config
 from vllm.logger import init_logger
+from vllm.model_executor.models.interfaces import SupportsEagle3
 from vllm.model_executor.models.interfaces import SupportsLoRA
 from vllm.model_executor.models.interfaces import SupportsPP
 from vllm.model_executor.models.utils import make_empty_intermediate_tensors_factory
@@ -45,6 +46,7 @@ from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
 from vllm_keras_hub.export.hf_config import LOAD_FORMAT
 from vllm_keras_hub.layers import attention as attention_layers
+from vllm_keras_hub.layers import eagle3
 from vllm_keras_hub.layers import image_attention
 from vllm_keras_hub.layers import lora_linear
 from vllm_keras_hub.layers import moe_routes
@@ -81,7 +83,7 @@ logger = init_logger(__name__)
         "inputs_embeds": 0,
     }
 )
-class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
+class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle3):
     """A KerasHub `CausalLM` preset served by vLLM's model runner.
 
     Built empty by vLLM; the `keras_hub` load format then calls
@@ -93,6 +95,10 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
     With `--enable-lora` it is a vLLM `SupportsLoRA` model: its LoRA-capable
     matmuls run on vLLM linears (`layers/lora_linear.py`), which vLLM's LoRA
     manager wraps, and adapters are converted by `lora/adapters.py`.
+
+    For EAGLE-3 drafters (`SupportsEagle3`), `model` is what vLLM's
+    proposers read of a target: the token embedding and, per step, the
+    aux hidden states of the layers they ask for (`layers/eagle3.py`).
 
     Args:
         vllm_config: The engine's `VllmConfig`; `model_config.hf_config` is a
@@ -148,6 +154,8 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         self.parallel_linears = nn.ModuleList()
         self.lm_head = None
         self.logits_processor = None
+        # What EAGLE-3 drafters read (`layers/eagle3.py`), once loaded.
+        self.model = None
         # vLLM linears under the LoRA-capable matmuls (with --enable-lora).
         self.lora_layers = nn.ModuleDict()
         self._route_layers = []
@@ -206,6 +214,7 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
             self._build_attention(stage, routes)
         self.stage = stage
         self._final_logit_cap = task_final_logit_cap(self.preset)
+        self.model = eagle3.EagleTarget(backbone)
 
     def _vllm_scope(self):
         """Where vLLM layers are built: this engine's config and device."""
@@ -341,6 +350,13 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         keep_a_zero_slot(manager)
         self.__dict__["_lora_manager"] = manager
 
+    def set_aux_hidden_state_layers(self, layers):
+        """Taps the transformer layers an EAGLE-3 drafter reads (vLLM's indices)."""
+        self.model._set_aux_hidden_state_layers(layers)
+
+    def get_eagle3_default_aux_hidden_state_layers(self):
+        return eagle3.default_aux_layers(len(self.model.layers))
+
     def embed_input_ids(self, input_ids):
         """The token embedding (Gemma3n's includes its embedding scale)."""
         return attention_layers.token_embedding(self.backbone)(input_ids)
@@ -360,8 +376,9 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
 
         Returns:
             `(num_tokens, hidden_size)` final hidden states on the last
-            stage; on the others, `IntermediateTensors` holding the hidden
-            states for the next.
+            stage, with the EAGLE-3 aux hidden states `(hidden, [aux...])`
+            where a drafter asked for them; on the others,
+            `IntermediateTensors` holding the hidden states for the next.
         """
         if inputs_embeds is not None and not self.takes_embeddings:
             raise NotImplementedError("This KerasHub model takes token ids only.")
@@ -369,6 +386,7 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         if not self.stage.first:
             hidden = intermediate_tensors["hidden_states"]
         routed, experts_routed, states_routed = [], [], []
+        aux = [] if self.model.aux_hidden_state_layers else None
 
         def paged_attention(attention, query, key, value, *args, **kwargs):
             routed.append(attention)
@@ -397,35 +415,22 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
                 positions=positions,
                 kv_caches=self.attention,
             ),
-            step.scope(experts=experts, states=state_step, rotary_rows={}),
+            step.scope(
+                experts=experts, states=state_step, rotary_rows={}, aux_hidden=aux
+            ),
         ):
             hidden_states = self.stage.packed_forward(input_ids, positions, hidden)
-        # A step that routed differently from the start-up probe (a layer
-        # that fell back to its own attention) must not return; under
-        # torch.compile this is decided once, while tracing. Attention is
-        # counted (keras-hub's bridge hands the n-th call the n-th layer's
-        # cache; the probe checked layers by name); MoE blocks carry their
-        # index, so each must route exactly once, in order.
-        if len(routed) != len(self.attention):
-            raise RouteError(
-                f"{self._name}: {len(routed)} of {len(self.attention)} "
-                "transformer layers handed attention to vLLM in this step; "
-                "serving it would give wrong output."
-            )
-        if [b._vllm_moe_index for b in experts_routed] != list(range(len(self.moe))):
-            raise RouteError(
-                f"{self._name}: {len(experts_routed)} expert calls to vLLM in "
-                f"this step for {len(self.moe)} MoE blocks, not one per block "
-                "in order; serving it would give wrong output."
-            )
-        if states_routed != list(range(len(self.states))):
-            raise RouteError(
-                f"{self._name}: {len(states_routed)} state-layer calls to vLLM "
-                f"in this step for {len(self.states)} Gated DeltaNet layers, not "
-                "one per layer in order; serving it would give wrong output."
-            )
+        probe.check_step(
+            self._name,
+            len(routed),
+            [block._vllm_moe_index for block in experts_routed],
+            states_routed,
+            (len(self.attention), len(self.moe), len(self.states)),
+        )
         if not self.stage.last:
             return IntermediateTensors({"hidden_states": hidden_states})
+        if aux is not None:
+            return hidden_states, aux
         return hidden_states
 
     def compute_logits(self, hidden_states):

@@ -276,3 +276,40 @@ def check_kv_sharing(specs):
                 f"{mine[0]} heads of {mine[1]}, but that layer caches "
                 f"{theirs[0]} heads of {theirs[1]}."
             )
+
+
+def check_step(name, attention_calls, moe_indices, state_indices, counts):
+    """Raises for a served step that routed otherwise than the probe.
+
+    A layer that fell back to its own attention must not return; under
+    torch.compile this is decided once, while tracing. Attention is
+    counted (keras-hub's bridge hands the n-th call the n-th layer's cache;
+    the probe checked layers by name); MoE blocks and state layers carry
+    their index, so each must route exactly once, in order.
+
+    Args:
+        name: The model, for the message.
+        attention_calls: Calls to vLLM's attention in the step.
+        moe_indices: The index of each MoE block routed, in call order.
+        state_indices: The index of each state layer routed, in order.
+        counts: `(attention, moe, states)`: the vLLM layers built.
+    """
+    attention, moe, states = counts
+    if attention_calls != attention:
+        raise RouteError(
+            f"{name}: {attention_calls} of {attention} transformer layers "
+            "handed attention to vLLM in this step; serving it would give "
+            "wrong output."
+        )
+    if moe_indices != list(range(moe)):
+        raise RouteError(
+            f"{name}: {len(moe_indices)} expert calls to vLLM in this step for "
+            f"{moe} MoE blocks, not one per block in order; serving it would "
+            "give wrong output."
+        )
+    if state_indices != list(range(states)):
+        raise RouteError(
+            f"{name}: {len(state_indices)} state-layer calls to vLLM in this "
+            f"step for {states} Gated DeltaNet layers, not one per layer in "
+            "order; serving it would give wrong output."
+        )
