@@ -96,6 +96,7 @@ def check_hybrid_settings(
     mamba_cache_dtype="auto",
     mamba_cache_mode=None,
     enable_lora=False,
+    kv_connector=None,
 ):
     """Raises for engine settings a hybrid preset's state cannot be served with.
 
@@ -107,6 +108,7 @@ def check_hybrid_settings(
         mamba_cache_dtype: vLLM's `mamba_cache_dtype`.
         mamba_cache_mode: vLLM's `mamba_cache_mode`, or `None` if unset.
         enable_lora: vLLM's `enable_lora`.
+        kv_connector: The KV connector of vLLM's `kv_transfer_config`, if any.
 
     Raises:
         UnsupportedHybridConfigError: naming the setting and why.
@@ -141,6 +143,16 @@ def check_hybrid_settings(
             "LoRA adapters per request (--enable-lora) are not supported for "
             "hybrid (Gated DeltaNet) presets yet: no test proves them exact "
             "there. Serve without --enable-lora."
+        )
+    if kv_connector:
+        raise UnsupportedHybridConfigError(
+            f"KV transfer (--kv-transfer-config, {kv_connector}) is not "
+            "supported for hybrid (Gated DeltaNet) presets: their recurrent "
+            "state would have to travel with the KV cache. vLLM 0.32 turns "
+            "the hybrid KV cache manager off for connectors without "
+            "`SupportsHMA` (ExampleConnector among them), and then fails to "
+            "start a state model (\"Failed to promote local KV cache specs\"); "
+            "no connector's state transfer is tested here."
         )
 
 
@@ -277,6 +289,7 @@ def check(family, image, values):
             mamba_cache_dtype=values.get("mamba_cache_dtype"),
             mamba_cache_mode=values.get("mamba_cache_mode"),
             enable_lora=values.get("enable_lora") or False,
+            kv_connector=_kv_connector(values.get("kv_transfer_config")),
         )
     if values.get("enable_lora"):
         check_lora_serving(tensor, pipeline)
@@ -295,6 +308,12 @@ def check(family, image, values):
             pipeline,
             values.get("scheduler_cls"),
         )
+
+
+def _kv_connector(kv_transfer_config):
+    if isinstance(kv_transfer_config, dict):
+        return kv_transfer_config.get("kv_connector")
+    return getattr(kv_transfer_config, "kv_connector", None)
 
 
 class UnsupportedEmbedderSettingError(ValueError):
@@ -402,6 +421,7 @@ def engine_values(vllm_config):
         "pipeline_parallel_size": parallel.pipeline_parallel_size,
         "enable_expert_parallel": parallel.enable_expert_parallel,
         "speculative_config": vllm_config.speculative_config,
+        "kv_transfer_config": vllm_config.kv_transfer_config,
         "mamba_ssm_cache_dtype": cache.mamba_ssm_cache_dtype,
         "mamba_cache_dtype": cache.mamba_cache_dtype,
         "mamba_cache_mode": cache.mamba_cache_mode,

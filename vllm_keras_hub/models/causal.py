@@ -64,7 +64,9 @@ from vllm_keras_hub.lora import merged as lora
 from vllm_keras_hub.models import families
 from vllm_keras_hub.models import pipeline
 from vllm_keras_hub.models import probe
-from vllm_keras_hub.models.probe import RouteError
+from vllm_keras_hub.vllm_fixes.kv_sharing_uniform_specs import (
+    give_shared_layers_their_specs,
+)
 from vllm_keras_hub.vllm_fixes.pipeline_eager_buffer import (
     keep_intermediate_buffer_in_eager_mode,
 )
@@ -131,6 +133,7 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle3):
         parallel_config = vllm_config.parallel_config
         if parallel_config.pipeline_parallel_size > 1 and current_platform.is_cpu():
             keep_intermediate_buffer_in_eager_mode(KerasHubForCausalLM)
+        give_shared_layers_their_specs()
         self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
             ["hidden_states"], hf_config.hidden_size
         )

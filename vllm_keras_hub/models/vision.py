@@ -41,10 +41,10 @@ from vllm_keras_hub.layers import image_attention  # noqa: E402
 from vllm_keras_hub.layers.attention import token_embedding  # noqa: E402
 from vllm_keras_hub.layers.attention import transformer_layers  # noqa: E402
 from vllm_keras_hub.models.causal import KerasHubForCausalLM  # noqa: E402
-from vllm_keras_hub.models.causal import RouteError  # noqa: E402
 from vllm_keras_hub.models.multimodal import KerasHubDummyInputsBuilder  # noqa: E402
 from vllm_keras_hub.models.multimodal import KerasHubMultiModalProcessor  # noqa: E402
 from vllm_keras_hub.models.multimodal import KerasHubProcessingInfo  # noqa: E402
+from vllm_keras_hub.models.probe import RouteError  # noqa: E402
 
 _register = MULTIMODAL_REGISTRY.register_processor(
     KerasHubMultiModalProcessor,
