@@ -18,7 +18,7 @@ from vllm_keras_hub.entrypoints.llm import KerasHubLLM
 from vllm_keras_hub.settings import UnsupportedHybridConfigError
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.server import free_port
-from vllm_keras_hub.testing.server import running_server
+from vllm_keras_hub.testing.server import running_servers
 from vllm_keras_hub.testing.server import serve_command
 
 MAX_NEW_TOKENS = 12
@@ -96,15 +96,14 @@ def test_two_servers_and_the_route_between_them(shared, tmp_path):
     model = f"keras_hub:{preset}"
     expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
     ports = free_port(), free_port()
-    producer_command = _serve(preset, ports[0], "kv_producer", tmp_path)
-    consumer_command = _serve(preset, ports[1], "kv_consumer", tmp_path)
-    with (
-        running_server(producer_command, ports[0], model_name=model) as (producer, _),
-        running_server(consumer_command, ports[1], model_name=model) as (consumer, _),
-    ):
+    commands = [
+        (_serve(preset, port, role, tmp_path), port)
+        for port, role in zip(ports, ("kv_producer", "kv_consumer"))
+    ]
+    with running_servers(commands, model_name=model) as servers:
         clients = [
             openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-            for url in (producer, consumer)
+            for url, _ in servers
         ]
         for prompt, (prompt_ids, generated_ids) in zip(PROMPTS, expected, strict=True):
             clients[0].completions.create(

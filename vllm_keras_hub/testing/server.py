@@ -65,43 +65,71 @@ def running_server(
     Yields:
         `(base_url, process)`.
     """
-    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    process = subprocess.Popen(
-        command,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env=user_env() if env is None else env,
-        start_new_session=True,
-    )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
+    with running_servers(
+        [(command, port)], timeout_s, env, model_name, api_key
+    ) as servers:
+        yield servers[0]
+
+
+@contextlib.contextmanager
+def running_servers(
+    commands, timeout_s=STARTUP_TIMEOUT_S, env=None, model_name=None, api_key=None
+):
+    """`running_server` for several servers, started side by side.
+
+    Args:
+        commands: `(command, port)` of each server.
+        timeout_s, env, model_name, api_key: As for `running_server`, for
+            each.
+
+    Yields:
+        `[(base_url, process), ...]` in the order of `commands`.
+    """
+    with contextlib.ExitStack() as stack:
+        started = []
+        for command, port in commands:
+            log = stack.enter_context(
+                tempfile.NamedTemporaryFile("w+", suffix=".log", delete=True)
+            )
+            process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=user_env() if env is None else env,
+                start_new_session=True,
+            )
+            stack.callback(end_process_group, process)
+            started.append((f"http://127.0.0.1:{port}", process, log, port))
         deadline = time.monotonic() + timeout_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"server exited with {process.returncode}:\n{_tail(log)}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server not healthy in {timeout_s} s:\n{_tail(log)}")
-            try:
-                with urllib.request.urlopen(f"{base_url}/health", timeout=2) as r:
-                    healthy = r.status == 200
-            except OSError:
-                healthy = False
-            if healthy:
-                break
-            time.sleep(1)
-        if model_name is not None:
-            served = _served_models(base_url, api_key)
-            if model_name not in served:
-                raise RuntimeError(
-                    f"the server on port {port} serves {served}, not {model_name!r}: "
-                    f"another process holds the port?\n{_tail(log)}"
-                )
-        yield base_url, process
-    finally:
-        end_process_group(process)
-        log.close()
-        os.unlink(log.name)
+        for base_url, process, log, port in started:
+            _wait_healthy(base_url, process, log, deadline, timeout_s)
+            if model_name is not None:
+                served = _served_models(base_url, api_key)
+                if model_name not in served:
+                    raise RuntimeError(
+                        f"the server on port {port} serves {served}, not "
+                        f"{model_name!r}: another process holds the port?\n"
+                        f"{_tail(log)}"
+                    )
+        yield [(base_url, process) for base_url, process, _, _ in started]
+
+
+def _wait_healthy(base_url, process, log, deadline, timeout_s):
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"server exited with {process.returncode}:\n{_tail(log)}"
+            )
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"server not healthy in {timeout_s} s:\n{_tail(log)}")
+        try:
+            with urllib.request.urlopen(f"{base_url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
 
 
 def end_process_group(process, timeout_s=60):
