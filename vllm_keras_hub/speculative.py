@@ -23,8 +23,8 @@ What vLLM 0.32 does that decides the rest:
   with the hybrid KV cache manager off (which then keeps whole-sequence KV
   for sliding layers), and one whose layers share KV (Gemma3n, Gemma4)
   does not run at all. `check_draft_attention` says so at load.
-- An EAGLE-3 head without its own `lm_head` would share the target's
-  (`_maybe_share_lm_head`), a vLLM `ParallelLMHead` a KerasHub target has
+- An EAGLE-3 head without its own `lm_head` would share the target's vLLM
+  `ParallelLMHead` (`_maybe_share_lm_head`), which a KerasHub target has
   only under tensor parallelism; EAGLE(-1) heads ship none, and MTP
   drafters read the target's layers by vLLM's module names.
 """
@@ -36,9 +36,10 @@ from vllm_keras_hub.export.preset_folder import strip_prefix
 
 # The module prefix vLLM builds a `draft_model` drafter under.
 DRAFT_PREFIX = "draft_model"
-# Methods a KerasHub target is served with: ones that need nothing of the
-# target but its tokens (and, for `custom_class`, whatever the user's class
-# reads, which is theirs to check).
+# Methods a KerasHub target is served with: drafters that need nothing of
+# the target but its tokens (and, for `custom_class`, whatever the user's
+# class reads, which is theirs to check), and EAGLE-3 heads, which read its
+# aux hidden states and token embedding (`layers/eagle3.py`).
 SERVED_METHODS = (
     "draft_model", "eagle3", "ngram", "ngram_gpu", "suffix", "custom_class"
 )  # fmt: skip
@@ -112,6 +113,14 @@ def check(
             "on the last stage only (`GPUModelRunner.__init__`), and every "
             "other stage's worker fails at start-up reading it "
             "(`_check_and_update_cudagraph_mode`)."
+        )
+    if images and method == "eagle3":
+        raise UnsupportedSpeculativeConfigError(
+            "EAGLE-3 is not served with a target that serves images yet: vLLM "
+            "0.32's proposer hands the head the target's image embeddings and "
+            "reads the target config's image token, and no test covers that "
+            "for a KerasHub image target. Serve the preset without it, or "
+            "with method 'ngram'."
         )
     if images:
         raise UnsupportedSpeculativeConfigError(
@@ -289,7 +298,8 @@ def _check_eagle3_head(model):
     if files and not any("lm_head" in name for name in names):
         raise UnsupportedSpeculativeConfigError(
             f"The EAGLE-3 head {model!r} has no `lm_head` of its own, so vLLM "
-            "would give it the target's (`_maybe_share_lm_head`), a vLLM "
-            "`ParallelLMHead` that a KerasHub target does not have: its output "
-            "head is its KerasHub token embedding."
+            "would give it the target's vLLM `ParallelLMHead` "
+            "(`_maybe_share_lm_head`), which a KerasHub target has only under "
+            "tensor parallelism: on one rank its output head is its KerasHub "
+            "token embedding."
         )
