@@ -1,14 +1,14 @@
 """Drafters vLLM loads itself for a KerasHub target: EAGLE-3 heads and
 Hugging Face draft models, checked against vLLM's native Llama.
 
-A tiny Llama 3 preset, and the same weights exported by keras-hub's own
-Hugging Face exporter. Its EAGLE-3 head (`testing/eagle3.py`) drafts the
-token the target just chose when it reads the target's last layer output
-(aux layer 2 of 2), and other tokens otherwise, so vLLM's acceptance
-counters show which hidden states reached it: drafts are accepted exactly
-where the target repeats a token, which `echo_acceptance` counts from the
-oracle's tokens. vLLM's native Llama with the same head gives the same
-counts, so the count is vLLM's own behaviour.
+Tiny Llama 3 and Gemma3 presets, and the Llama's weights exported by
+keras-hub's own Hugging Face exporter. Each preset's EAGLE-3 head
+(`testing/eagle3.py`) drafts the token the target just chose when it reads
+the target's last layer output (aux layer 2 of 2), and other tokens
+otherwise, so vLLM's acceptance counters show which hidden states reached
+it: drafts are accepted exactly where the target repeats a token, which
+`echo_acceptance` counts from the oracle's tokens. vLLM's native Llama with
+the same head gives the same counts, so the count is vLLM's own behaviour.
 """
 
 import os
@@ -37,9 +37,13 @@ AUX_LAYERS = (0, 1, 2)
 
 
 @pytest.fixture(scope="module")
-def llama(shared, tmp_path_factory):
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("speculative_native")
+
+
+@pytest.fixture(scope="module")
+def llama(shared, root):
     """`(preset, hf_folder, eagle3_head, expected)` of the tiny Llama 3."""
-    root = tmp_path_factory.mktemp("speculative_native")
     preset = shared.preset("llama3")
     hf_folder = str(root / "hf")
     export_to_safetensors(causal_lm_class(preset).from_preset(preset), hf_folder)
@@ -48,7 +52,7 @@ def llama(shared, tmp_path_factory):
     write_model_folder(preset, ours)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(ours, name), hf_folder)
-    head = save_echo_head(preset, str(root / "eagle3"), AUX_LAYERS)
+    head = save_echo_head(preset, str(root / "eagle3_llama3"), AUX_LAYERS)
     expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
     return preset, hf_folder, head, expected
 
@@ -61,48 +65,61 @@ def eagle3(head):
     }
 
 
-def echo_acceptance(generated, draft_tokens=DRAFT_TOKENS):
+def echo_acceptance(continued, max_tokens=MAX_NEW_TOKENS, draft_tokens=DRAFT_TOKENS):
     """`(drafted, accepted)` tokens if every draft repeats the last token.
 
     Each step drafts `draft_tokens` copies of the token just chosen; the
     target accepts the ones it repeats, then picks the next token itself.
+    The last step's drafts may run past `max_tokens`, and vLLM counts the
+    ones accepted there too, so `continued` holds each row's greedy tokens
+    `draft_tokens` beyond `max_tokens`.
     """
     drafts = accepted = 0
-    for tokens in generated:
+    for tokens in continued:
         last = 0
-        while last < len(tokens) - 1:
+        while last < max_tokens - 1:
             drafts += 1
             repeats = 0
-            while (
-                repeats < draft_tokens
-                and last + repeats + 1 < len(tokens)
-                and tokens[last + repeats + 1] == tokens[last]
-            ):
+            while repeats < draft_tokens and tokens[last + repeats + 1] == tokens[last]:
                 repeats += 1
             accepted += repeats
             last += repeats + 1
     return drafts * draft_tokens, accepted
 
 
-def test_an_eagle3_head_compiled_and_chunked(llama):
-    """Compiled, prefix caching on, prompts prefilled in chunks: the
-    oracle's tokens, and acceptance where, and only where, the head read
-    the target's last layer output."""
-    preset, _, head, expected = llama
-    settings = dict(ENGINE, speculative_config=eagle3(head), disable_log_stats=False)
+def check_echo_head(shared, preset, head, **settings):
+    expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
+    continued = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS + DRAFT_TOKENS)
+    settings = dict(settings, speculative_config=eagle3(head), disable_log_stats=False)
     with in_process_llm(f"keras_hub:{preset}", **settings) as llm:
         assert llm.llm_engine.vllm_config.speculative_config.method == "eagle3"
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         counts = acceptance(llm)
     assert_oracle_tokens(outputs, expected)
-    generated = [tokens for _, tokens in expected]
     print(f"\nEAGLE-3 echo head: {counts[1]:.0f} of {counts[0]:.0f} accepted")
     assert counts[1] > 0
-    assert counts == echo_acceptance(generated)
+    assert counts == echo_acceptance([tokens for _, tokens in continued])
 
 
-def test_vllm_native_llama_with_the_same_head_accepts_the_same(llama):
-    _, hf_folder, head, expected = llama
+def test_an_eagle3_head_compiled_and_chunked(shared, llama):
+    """Compiled, prefix caching on, prompts prefilled in chunks: the
+    oracle's tokens, and acceptance where, and only where, the head read
+    the target's last layer output."""
+    preset, _, head, _ = llama
+    check_echo_head(shared, preset, head, **ENGINE)
+
+
+def test_an_eagle3_head_on_gemma3(shared, root):
+    """Gemma3: sliding-window and full layers in their own KV cache groups,
+    scaled embeddings, a `1 + scale` norm."""
+    preset = shared.preset("gemma3")
+    head = save_echo_head(preset, str(root / "eagle3_gemma3"), AUX_LAYERS)
+    check_echo_head(shared, preset, head)
+
+
+def test_vllm_native_llama_with_the_same_head_accepts_the_same(shared, llama):
+    preset, hf_folder, head, expected = llama
+    continued = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS + DRAFT_TOKENS)
     settings = dict(
         enforce_eager=True,
         speculative_config=eagle3(head),
@@ -116,7 +133,7 @@ def test_vllm_native_llama_with_the_same_head_accepts_the_same(llama):
         )
         counts = acceptance(llm)
     assert_oracle_tokens(outputs, expected)
-    assert counts == echo_acceptance([tokens for _, tokens in expected])
+    assert counts == echo_acceptance([tokens for _, tokens in continued])
 
 
 def test_a_hugging_face_draft_model(llama):
