@@ -14,6 +14,7 @@ else, it drafts other tokens.
 import json
 import os
 
+import keras
 import numpy as np
 
 from vllm_keras_hub.layers.attention import token_embedding
@@ -26,11 +27,22 @@ def _output_head(backbone):
     return np.asarray(embedding.reverse_embeddings.numpy()).T
 
 
+def _norm_weight(backbone):
+    # The final RMS norm's per-channel factor as vLLM's `RMSNorm` applies it
+    # (`x / rms(x) * w`): Llama's is its scale, Gemma's `1 + scale`. Read
+    # from the norm itself at a vector whose rms is 1.
+    hidden = int(backbone.hidden_dim)
+    ones = np.ones((1, 1, hidden), dtype="float32")
+    normed = keras.ops.convert_to_numpy(backbone.layer_norm(ones))[0, 0]
+    return normed * np.sqrt(1.0 + float(backbone.layer_norm_epsilon))
+
+
 def save_echo_head(preset, folder, aux_layers, seed=0):
-    """Saves an EAGLE-3 head for a Llama-family `preset` into `folder`.
+    """Saves an EAGLE-3 head for `preset` into `folder`.
 
     Args:
-        preset: A KerasHub Llama preset folder (final RMS norm, no soft cap).
+        preset: A KerasHub preset folder whose backbone ends in an RMS norm
+            (`layer_norm`) and has no logit soft cap: Llama, Gemma3.
         folder: Where to write `config.json` and `model.safetensors`.
         aux_layers: vLLM's aux layer indices the head reads; the last one
             is the hidden state it passes through.
@@ -47,7 +59,7 @@ def save_echo_head(preset, folder, aux_layers, seed=0):
     hidden = int(backbone.hidden_dim)
     heads = int(backbone.num_query_heads)
     kv_heads = int(backbone.num_key_value_heads)
-    head_dim = hidden // heads
+    head_dim = hidden // heads  # The head's own attention adds nothing.
     intermediate = int(backbone.intermediate_dim)
     head = _output_head(backbone)
     vocabulary = head.shape[0]
@@ -76,7 +88,7 @@ def save_echo_head(preset, folder, aux_layers, seed=0):
         "midlayer.mlp.up_proj.weight": random(intermediate, hidden),
         "midlayer.mlp.down_proj.weight": zeros(hidden, intermediate),
         "fc.weight": fc,
-        "norm.weight": torch.tensor(np.asarray(backbone.layer_norm.scale.numpy())),
+        "norm.weight": torch.tensor(_norm_weight(backbone), dtype=torch.float32),
         "lm_head.weight": torch.tensor(head, dtype=torch.float32).contiguous(),
     }
     config = {
