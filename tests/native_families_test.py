@@ -17,13 +17,11 @@ import shutil
 
 import numpy as np
 import pytest
-from keras_hub.src.utils.transformers.export.hf_exporter import export_to_safetensors
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
 from tests.model_test import MAX_NEW_TOKENS
 from tests.model_test import PROMPTS
-from vllm_keras_hub.export.sampling import causal_lm_class
 from vllm_keras_hub.testing import hf_models
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
@@ -69,20 +67,10 @@ def native_greedy(folder, architecture, prompt_ids):
 def test_same_greedy_tokens_as_vllm_native(family, shared, tmp_path):
     """vLLM's native model on the exported weights gives the oracle's
     tokens, the ones `model_test.py` shows ours gives for the same preset."""
-    from vllm_keras_hub.export.preset_folder import write_model_folder
-
     preset = shared.preset(family)
     expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
-    folder = str(tmp_path / "hf")
-    # Not `CausalLM.from_preset`: for Gemma4 it may build the drafter (see
-    # `causal_lm_class`).
-    export_to_safetensors(causal_lm_class(preset).from_preset(preset), folder)
     # The native engine gets token ids; it only has to load a tokenizer.
-    # Ours (`tokenizer.json`) loads without sentencepiece.
-    ours = str(tmp_path / "ours")
-    write_model_folder(preset, ours)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(ours, name), folder)
+    folder = hf_models.export_preset(preset, str(tmp_path / "hf"), str(tmp_path / "ours"))
     prompt_ids = [ids for ids, _ in expected]
     native = native_greedy(folder, EXPORTED_FAMILIES[family], prompt_ids)
     assert native == [tokens for _, tokens in expected]

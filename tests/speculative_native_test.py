@@ -11,11 +11,7 @@ it: drafts are accepted exactly where the target repeats a token, which
 the same head gives the same counts, so the count is vLLM's own behaviour.
 """
 
-import os
-import shutil
-
 import pytest
-from keras_hub.src.utils.transformers.export.hf_exporter import export_to_safetensors
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
@@ -24,10 +20,9 @@ from tests.model_test import MAX_NEW_TOKENS
 from tests.model_test import PROMPTS
 from tests.speculative_test import acceptance
 from tests.speculative_test import assert_oracle_tokens
-from vllm_keras_hub.export.preset_folder import write_model_folder
-from vllm_keras_hub.export.sampling import causal_lm_class
 from vllm_keras_hub.testing.eagle3 import save_echo_head
 from vllm_keras_hub.testing.engines import in_process_llm
+from vllm_keras_hub.testing.hf_models import export_preset
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
 DRAFT_TOKENS = 3
@@ -45,13 +40,7 @@ def root(tmp_path_factory):
 def llama(shared, root):
     """`(preset, hf_folder, eagle3_head, expected)` of the tiny Llama 3."""
     preset = shared.preset("llama3")
-    hf_folder = str(root / "hf")
-    export_to_safetensors(causal_lm_class(preset).from_preset(preset), hf_folder)
-    # Ours (`tokenizer.json`) loads without sentencepiece.
-    ours = str(root / "ours")
-    write_model_folder(preset, ours)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(ours, name), hf_folder)
+    hf_folder = export_preset(preset, str(root / "hf"), str(root / "ours"))
     head = save_echo_head(preset, str(root / "eagle3_llama3"), AUX_LAYERS)
     expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
     return preset, hf_folder, head, expected

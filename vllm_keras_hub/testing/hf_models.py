@@ -162,6 +162,38 @@ def save_hf_model(family, folder, vocabulary_size, seed=0, dtype="float32", **co
     return folder
 
 
+def export_preset(preset, folder, scratch):
+    """A preset's weights in Hugging Face's format, by keras-hub's exporter.
+
+    With our exported `tokenizer.json`, which vLLM loads without
+    sentencepiece (keras-hub's exporter writes the sentencepiece model).
+
+    Args:
+        preset: A KerasHub preset folder of a family keras-hub exports.
+        folder: Where to write the Hugging Face folder.
+        scratch: A folder for our model folder, whose tokenizer is copied.
+
+    Returns:
+        `folder`.
+    """
+    import shutil
+
+    from keras_hub.src.utils.transformers.export.hf_exporter import (
+        export_to_safetensors,
+    )
+
+    from vllm_keras_hub.export.preset_folder import write_model_folder
+    from vllm_keras_hub.export.sampling import causal_lm_class
+
+    # Not `CausalLM.from_preset`: for Gemma4 it may build the drafter (see
+    # `causal_lm_class`).
+    export_to_safetensors(causal_lm_class(preset).from_preset(preset), folder)
+    write_model_folder(preset, scratch)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(scratch, name), folder)
+    return folder
+
+
 def keras_hub_preset(family, hf_folder, preset_folder, tokenizer=None):
     """Saves the HF folder's weights as a KerasHub preset, via keras-hub.
 
