@@ -19,10 +19,15 @@ import subprocess
 import pytest
 
 from tests.model_test import CHUNK
+from tests.model_test import FULL_FORWARD_ORACLE
 from tests.model_test import GREEDY
 from tests.model_test import MAX_NEW_TOKENS
 from tests.model_test import PROMPTS
 from vllm_keras_hub.testing import support_matrix
+from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
+from vllm_keras_hub.testing.images import assert_tokens
+from vllm_keras_hub.testing.images import batch_prompts
+from vllm_keras_hub.testing.images import request
 from vllm_keras_hub.testing.parallel import parallel_llm
 from vllm_keras_hub.testing.parallel import rank_report
 from vllm_keras_hub.testing.parallel import stage_report
@@ -51,7 +56,21 @@ CASES = {
     "falcon": "ALiBi slopes cut per rank, in Falcon's attention",
     "mixtral": "Mixtral's experts on vLLM's FusedMoE",
     "qwen_moe": "a shared expert kept whole on every rank",
+    "gemma3": "per-head q/k norms, sliding and global layers",
+    "gpt2": "learned positions, q/k/v and row biases",
+    "opt": "learned positions, q/k/v and row biases",
+    "gpt_neox": "one fused per-head q/k/v projection, partial RoPE",
+    "smollm3": "flat q/k/v projections, a NoPE layer",
+    "qwen": "q/k/v biases cut per rank",
+    "gemma4": "KV-sharing layers, per-layer inputs, K = V global layers",
+    "gemma4_moe": "a dense MLP sliced beside experts on vLLM's FusedMoE",
 }
+
+
+# Key and value projections whole on both ranks: Gemma's one KV head in
+# each of its 2 layers; Gemma4's one global KV head, whose layer has a key
+# projection only (K = V), and whose KV-sharing layers have none.
+REPLICATED_KV_PROJECTIONS = {"gemma": 4, "gemma4": 1, "gemma4_moe": 1}
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +101,9 @@ def _single_rank(preset):
 @pytest.mark.parametrize("family", sorted(CASES))
 def test_tensor_parallel_greedy_parity(family, shared):
     preset = shared.preset(family)
-    expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
+    expected = shared.oracle(
+        preset, PROMPTS, MAX_NEW_TOKENS, full_forward=family in FULL_FORWARD_ORACLE
+    )
     assert max(len(ids) for ids, _ in expected) > CHUNK
     with parallel_llm(
         f"keras_hub:{preset}",
@@ -107,7 +128,12 @@ def test_tensor_parallel_greedy_parity(family, shared):
         for held, full, shards in report["linears"]:
             assert held * shards == full
         replicated = [shards for _, _, shards in report["linears"]].count(1)
-        assert replicated == (2 * len(specs) if family == "gemma" else 0)
+        assert replicated == REPLICATED_KV_PROJECTIONS.get(family, 0)
+        # Gemma4's blocks multiply by their MLP kernels themselves: each rank
+        # keeps half of every one in place.
+        sliced = report["sliced_kernels"]
+        assert len(sliced) == (3 * len(specs) if family.startswith("gemma4") else 0)
+        assert all(2 * held == whole for held, whole in sliced)
         assert report["keras_kernels"] == 0
         assert report["heads"] == [
             (spec.num_heads // 2, max(spec.num_kv_heads // 2, 1)) for spec in specs
@@ -191,6 +217,58 @@ def test_pipeline_parallel_greedy_parity(family, vision, shared):
     assert last["embedding"] == first["head"] == first["tied"]
 
 
+# family -> (image placeholder, engine settings): Gemma4's images are split
+# over 128-token prefill steps (its attention over them is causal).
+IMAGE_CASES = {
+    "gemma3": ("<start_of_image>", dict(block_size=16)),
+    "gemma4": (
+        "<|image|>",
+        dict(
+            block_size=32,
+            max_model_len=1024,
+            enable_chunked_prefill=True,
+            max_num_batched_tokens=128,
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(IMAGE_CASES))
+def test_tensor_parallel_images_match_generate(family, shared):
+    """A vision preset, as published, at 2 ranks: a batch with 0, 1 and 2
+    images per prompt.
+
+    The text layers are sharded; the vision encoder is whole on each rank,
+    which embeds the images itself, so no image embedding crosses ranks
+    (vLLM's own Gemma3 shards its SigLIP tower instead).
+    """
+    placeholder, engine = IMAGE_CASES[family]
+    preset = shared.vision_preset(family)
+    prompts = batch_prompts(placeholder)
+    expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
+    # The image decides the answer: the same text, another image.
+    assert expected[0][1] != expected[3][1]
+    with parallel_llm(
+        f"keras_hub:{preset}",
+        tensor_parallel_size=2,
+        limit_mm_per_prompt={"image": 2},
+        enforce_eager=True,
+        **engine,
+    ) as llm:
+        outputs = llm.generate(
+            [request(*prompt) for prompt in prompts], GREEDY, use_tqdm=False
+        )
+        reports = llm.collective_rpc(rank_report)
+    row = f"{family} + vision encoder"
+    backbone = TINY_FAMILIES[family][1]
+    support_matrix.record(row, backbone, tp2="FAIL")
+    assert_tokens(outputs, expected)
+    support_matrix.record(row, backbone, tp2="pass")
+    for report in reports:
+        assert report["keras_kernels"] == 0
+        assert all(held * shards == full for held, full, shards in report["linears"])
+
+
 def test_tensor_and_pipeline_parallel_together(shared, monkeypatch):
     """2 stages of 2 ranks each: Gemma2's tied head is vocabulary-parallel
     on the last stage's ranks only, and only the first stage keeps the
@@ -221,10 +299,10 @@ def test_two_nodes_on_loopback_give_generates_tokens(shared, tmp_path):
 
     Node 1 runs headless (engine only); node 0 serves the API. The ranks
     are in different nodes, so vLLM's shared-memory communicator stands
-    down and they all-reduce over gloo and TCP, as on two machines. Qwen 2:
-    its q/k/v biases are cut per rank.
+    down and they all-reduce over gloo and TCP, as on two machines. Gemma3:
+    per-head q/k norms, sliding and global layers.
     """
-    preset = shared.preset("qwen")
+    preset = shared.preset("gemma3")
     expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
     model = f"keras_hub:{preset}"
     port, master_port = free_port(), free_port()
@@ -244,11 +322,13 @@ def test_two_nodes_on_loopback_give_generates_tokens(shared, tmp_path):
     try:
         command = serve_command(model, *common, "--node-rank", "0", "--port", str(port))
         env = user_env(VLLM_CPU_OMP_THREADS_BIND="0")
-        support_matrix.record("qwen", TINY_FAMILIES["qwen"][1], tp2="FAIL")
+        support_matrix.record("gemma3", TINY_FAMILIES["gemma3"][1], tp2="FAIL")
         with running_server(command, port, env=env, model_name=model) as (base_url, _):
             assert_served_greedy(base_url, model, PROMPTS, expected, MAX_NEW_TOKENS)
     finally:
         end_process_group(node1)
     log = (tmp_path / "node1.log").read_text()
     assert "SHM communicator disabled" in log, log[-3000:]
-    support_matrix.record("qwen", TINY_FAMILIES["qwen"][1], tp2="pass (server, 2 nodes)")
+    support_matrix.record(
+        "gemma3", TINY_FAMILIES["gemma3"][1], tp2="pass (also server, 2 nodes)"
+    )

@@ -67,8 +67,13 @@ def test_bad_model_exits_before_the_engine_starts(model, cause):
 @pytest.mark.parametrize(
     "family, flags, cause",
     [
-        # GPT-2's fused attention projection is not mapped to vLLM's linears.
-        ("gpt2", ("--tensor-parallel-size", "2"), "GPT-2 cannot be served with tensor"),
+        # Gemma3n's AltUp and per-layer projections are not mapped to vLLM's
+        # parallel linears.
+        (
+            "gemma3n",
+            ("--tensor-parallel-size", "2"),
+            "Gemma3n cannot be served with tensor",
+        ),
         # Gemma3n's layers pass a stack of hidden states, not one.
         (
             "gemma3n",

@@ -197,10 +197,11 @@ def qwen3_5(layer, hidden_states, positions):
 def smollm3(layer, hidden_states, positions):
     # `SmolLM3Attention`: Dense q/k/v reshaped to heads; no RoPE on NoPE
     # layers (`use_rope` False, every 4th layer in SmolLM3-3B).
+    # Heads are counted from the projection (a rank's share under tensor
+    # parallelism), not from `num_attention_heads`.
     num_tokens = ops.shape(hidden_states)[0]
     query = ops.reshape(
-        layer.q_proj(hidden_states),
-        (num_tokens, 1, layer.num_attention_heads, layer.head_dim),
+        layer.q_proj(hidden_states), (num_tokens, 1, -1, layer.head_dim)
     )
     key = ops.reshape(
         layer.k_proj(hidden_states),
@@ -337,7 +338,7 @@ def gpt_neox(layer, hidden_states, positions):
         rotate(query), rotate(key), value, layer._inv_norm_factor
     )
     num_tokens = ops.shape(hidden_states)[0]
-    output = ops.reshape(output, (num_tokens, 1, layer.hidden_dim))
+    output = ops.reshape(output, (num_tokens, 1, -1))
     return layer._output_dense(output)
 
 

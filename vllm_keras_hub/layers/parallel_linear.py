@@ -26,13 +26,22 @@ import math
 
 from vllm_keras_hub.layers import linear
 from vllm_keras_hub.layers import moe_routes
+from vllm_keras_hub.layers import parallel_kernel_reads
 from vllm_keras_hub.settings import UnsupportedParallelismError
 
 # Sublayer names, by what the sublayer is in its attention or decoder layer.
-QUERY = ("_query_dense", "query_dense")
-KEY = ("_key_dense", "key_dense")
-VALUE = ("_value_dense", "value_dense")
-ATTENTION_OUTPUT = ("_output_dense", "output_dense")
+QUERY = ("_query_dense", "query_dense", "q_proj")
+KEY = ("_key_dense", "key_dense", "k_proj")
+VALUE = ("_value_dense", "value_dense", "v_proj")
+# One projection whose output is per head `[query | key | value]` (GPT-NeoX):
+# a column shard over its heads gives each rank its heads' q, k and v.
+FUSED_QKV = ("_qkv_dense",)
+ATTENTION_OUTPUT = ("_output_dense", "output_dense", "o_proj")
+KV_HEAD_COUNTS = (
+    "num_key_value_heads",
+    "_num_key_value_heads",
+    "effective_num_kv_heads",
+)
 MLP_INPUT = (
     "_feedforward_intermediate_dense",
     "_feedforward_gate_dense",
@@ -42,6 +51,8 @@ MLP_INPUT = (
     "dense_h_to_4h",
     "gating_ffw",
     "gating_ffw_2",
+    "gate_proj",
+    "up_proj",
 )
 MLP_OUTPUT = (
     "_feedforward_output_dense",
@@ -49,14 +60,17 @@ MLP_OUTPUT = (
     "_mlp_output_dense",
     "dense_4h_to_h",
     "ffw_linear",
+    "down_proj",
 )
 
 def _sublayer(owner, names, role):
-    found = [
-        getattr(owner, name)
-        for name in names
-        if getattr(owner, name, None) is not None
-    ]
+    found = []
+    for name in names:
+        layer = getattr(owner, name, None)
+        # Keras's `MultiHeadAttention` (GPT-2, OPT) names each projection
+        # twice, as a private attribute and a public property.
+        if layer is not None and all(layer is not seen for seen in found):
+            found.append(layer)
     if not found or (len(found) > 1 and role != "mlp"):
         raise UnsupportedParallelismError(
             f"{owner.name}: expected one {role} projection among {names}, found "
@@ -225,46 +239,84 @@ def shard(transformer_layers, rank, ranks, prefix, weights, first_index=0):
     for index, block in enumerate(transformer_layers, start=first_index):
         attention = _attention_of(block)
         name = f"{prefix}{index}."
-        (query,) = _sublayer(attention, QUERY, "query")
-        (key,) = _sublayer(attention, KEY, "key")
-        (value,) = _sublayer(attention, VALUE, "value")
         (output,) = _sublayer(attention, ATTENTION_OUTPUT, "attention output")
-        kv_heads = _heads(key)
-        if kv_heads % ranks and ranks % kv_heads:
-            raise UnsupportedParallelismError(
-                f"{attention.name}: {kv_heads} KV heads neither split over nor "
-                f"replicate onto {ranks} ranks."
-            )
-        # KV head `h` is on ranks `h * replicas ... (h + 1) * replicas - 1`.
-        kv_shards = min(kv_heads, ranks)
-        kv_rank = rank * kv_shards // ranks
-        made.append(_shard_column(query, rank, ranks, f"{name}q", weights, "heads"))
-        made.append(
-            _shard_column(key, kv_rank, kv_shards, f"{name}k", weights, "KV heads")
-        )
-        made.append(
-            _shard_column(value, kv_rank, kv_shards, f"{name}v", weights, "KV heads")
-        )
+        if any(getattr(attention, fused, None) for fused in FUSED_QKV):
+            (qkv,) = _sublayer(attention, FUSED_QKV, "fused query/key/value")
+            made.append(_shard_column(qkv, rank, ranks, f"{name}qkv", weights, "heads"))
+        else:
+            made.extend(_shard_qkv(attention, rank, ranks, name, weights))
         made.append(_shard_row(output, rank, ranks, f"{name}o", weights))
-        # The KV head count the layer hands to vLLM's attention (Mistral
-        # keeps it private).
-        for count in ("num_key_value_heads", "_num_key_value_heads"):
-            if hasattr(attention, count):
-                setattr(attention, count, kv_heads // kv_shards)
         _cut_per_head(attention, rank, ranks, weights)
+        if parallel_kernel_reads.reads_kernels(block):
+            parallel_kernel_reads.shard(block, rank, ranks, weights)
+            continue
         if _has_moe(block):
             # vLLM's `FusedMoE` shards the experts and all-reduces their sum;
             # a shared expert and the router stay whole on every rank.
             continue
-        for index_in, layer in enumerate(_sublayer(block, MLP_INPUT, "mlp")):
+        # SmolLM3 keeps its projections in an `mlp` sublayer.
+        mlp = getattr(block, "mlp", block)
+        for index_in, layer in enumerate(_sublayer(mlp, MLP_INPUT, "mlp")):
             made.append(
                 _shard_column(layer, rank, ranks, f"{name}mlp_in{index_in}", weights)
             )
-        for index_out, layer in enumerate(_sublayer(block, MLP_OUTPUT, "mlp")):
+        for index_out, layer in enumerate(_sublayer(mlp, MLP_OUTPUT, "mlp")):
             made.append(
                 _shard_row(layer, rank, ranks, f"{name}mlp_out{index_out}", weights)
             )
     return made
+
+
+def _shard_qkv(attention, rank, ranks, name, weights):
+    """Column shards of separate q/k/v projections, KV heads replicated as needed.
+
+    Gemma4's KV-sharing layers have no key or value projection (they read
+    the rank's heads of the layer they share, cut the same way), and its
+    `attention_k_eq_v` layers have no value projection.
+    """
+    (query,) = _sublayer(attention, QUERY, "query")
+    key = _optional(attention, KEY, "key")
+    value = _optional(attention, VALUE, "value")
+    kv_heads = _kv_heads(attention, key)
+    if kv_heads % ranks and ranks % kv_heads:
+        raise UnsupportedParallelismError(
+            f"{attention.name}: {kv_heads} KV heads neither split over nor "
+            f"replicate onto {ranks} ranks."
+        )
+    # KV head `h` is on ranks `h * replicas ... (h + 1) * replicas - 1`.
+    kv_shards = min(kv_heads, ranks)
+    kv_rank = rank * kv_shards // ranks
+    made = [_shard_column(query, rank, ranks, f"{name}q", weights, "heads")]
+    for projection, suffix in ((key, "k"), (value, "v")):
+        if projection is not None:
+            made.append(
+                _shard_column(
+                    projection, kv_rank, kv_shards, f"{name}{suffix}", weights, "KV heads"
+                )
+            )
+    # The KV head count the layer hands to vLLM's attention (Mistral keeps
+    # it private; Gemma4 counts it per layer).
+    for count in KV_HEAD_COUNTS:
+        if hasattr(attention, count):
+            setattr(attention, count, kv_heads // kv_shards)
+    return made
+
+
+def _optional(owner, names, role):
+    if all(getattr(owner, name, None) is None for name in names):
+        return None
+    (layer,) = _sublayer(owner, names, role)
+    return layer
+
+
+def _kv_heads(attention, key):
+    # A `Dense` key projection (SmolLM3) has one flat output axis, and a
+    # KV-sharing layer (Gemma4) has none.
+    if key is None:
+        return attention.effective_num_kv_heads
+    if len(key.kernel.shape) == 2:
+        return attention.num_key_value_heads
+    return _heads(key)
 
 
 def _has_moe(block):

@@ -46,8 +46,8 @@ class Family:
 
 
 FAMILIES = (
-    Family("gpt2", "GPT-2", "GPT2Backbone"),
-    Family("opt", "OPT", "OPTBackbone"),
+    Family("gpt2", "GPT-2", "GPT2Backbone", tensor_parallel=True),
+    Family("opt", "OPT", "OPTBackbone", tensor_parallel=True),
     Family("llama", "Llama", "LlamaBackbone", tensor_parallel=True),
     Family("llama3", "Llama3", "Llama3Backbone", tensor_parallel=True),
     Family("mistral", "Mistral", "MistralBackbone", tensor_parallel=True),
@@ -61,7 +61,11 @@ FAMILIES = (
     Family("qwen3", "Qwen3", "Qwen3Backbone", "vllm_keras_hub", tensor_parallel=True),
     Family("gemma", "Gemma / Gemma2", "GemmaBackbone", tensor_parallel=True),
     Family(
-        "gemma3", "Gemma3 (text)", "Gemma3Backbone", stop_tokens=("<end_of_turn>",)
+        "gemma3",
+        "Gemma3 (text)",
+        "Gemma3Backbone",
+        stop_tokens=("<end_of_turn>",),
+        tensor_parallel=True,
     ),
     Family("mixtral", "Mixtral", "MixtralBackbone", "vllm_keras_hub", tensor_parallel=True),
     Family(
@@ -74,13 +78,15 @@ FAMILIES = (
         "vllm_keras_hub",
         tensor_parallel=True,
     ),
-    Family("smollm3", "SmolLM3", "SmolLM3Backbone", "vllm_keras_hub"),
+    Family("smollm3", "SmolLM3", "SmolLM3Backbone", "vllm_keras_hub", tensor_parallel=True),
     Family(
         "phi3", "Phi-3", "Phi3Backbone", "vllm_keras_hub", ("<|end|>",), tensor_parallel=True
     ),
     # Served as the model's forward computes it; KerasHub's own cached
     # decode rotates the query at position 0 (see layers/attention_routes.py, `gpt_neox`).
-    Family("gpt_neox", "GPT-NeoX", "GPTNeoXBackbone", "vllm_keras_hub"),
+    Family(
+        "gpt_neox", "GPT-NeoX", "GPTNeoXBackbone", "vllm_keras_hub", tensor_parallel=True
+    ),
     Family("bloom", "Bloom", "BloomBackbone", "vllm_keras_hub", tensor_parallel=True),
     Family("falcon", "Falcon", "FalconBackbone", "vllm_keras_hub", tensor_parallel=True),
     Family(
@@ -91,7 +97,14 @@ FAMILIES = (
     Family(
         "gemma3n", "Gemma3n", "Gemma3nBackbone", "vllm_keras_hub", ("<end_of_turn>",)
     ),
-    Family("gemma4", "Gemma4", "Gemma4Backbone", "vllm_keras_hub", ("<turn|>",)),
+    Family(
+        "gemma4",
+        "Gemma4",
+        "Gemma4Backbone",
+        "vllm_keras_hub",
+        ("<turn|>",),
+        tensor_parallel=True,
+    ),
     # Hybrid: Gated DeltaNet layers keep their state in vLLM's state cache
     # (layers/state_routes.py); every 4th layer attends.
     Family("qwen3_5", "Qwen3.5", "Qwen3_5Backbone", "vllm_keras_hub", hybrid=True),

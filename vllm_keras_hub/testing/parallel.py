@@ -1,6 +1,7 @@
 """Tensor-parallel engines for tests, and what each rank holds."""
 
 import contextlib
+import math
 
 from vllm_keras_hub.testing.engines import TEST_ENGINE_KWARGS
 from vllm_keras_hub.testing.engines import in_process_engine_env
@@ -46,7 +47,9 @@ def rank_report(worker):
         Keras kernels those layers replaced; `heads`, `(query, kv)` heads
         of each vLLM `Attention`; `alibi_slopes` and `sinks` per layer;
         `experts`, each `FusedMoE`'s intermediate size on this rank;
-        `head`, the output head's vocabulary rows here and in all.
+        `head`, the output head's vocabulary rows here and in all;
+        `sliced_kernels`, `(held, whole)` elements of each Keras kernel
+        sliced in place (`layers/parallel_kernel_reads.py`).
     """
     from vllm.distributed import get_tensor_model_parallel_rank
 
@@ -60,8 +63,14 @@ def rank_report(worker):
         for layer in model.backbone._flatten_layers(include_self=False)
         if hasattr(layer, "_packed_kernel") and hasattr(layer, "_kernel")
     )
+    sliced = [
+        (layer._kernel.value.numel(), math.prod(layer._tensor_parallel_whole_shape))
+        for layer in model.backbone._flatten_layers(include_self=False)
+        if hasattr(layer, "_tensor_parallel_whole_shape")
+    ]
     specs = model.attention_specs
     return dict(
+        sliced_kernels=sliced,
         rank=get_tensor_model_parallel_rank(),
         linears=linears,
         keras_kernels=keras_kernels,

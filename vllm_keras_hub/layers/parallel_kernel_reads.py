@@ -1,0 +1,68 @@
+"""Tensor parallelism for an MLP whose block multiplies by its kernels itself.
+
+Gemma4's decoder block does not call its feed-forward layers: it reads
+their kernels (`ops.matmul(x, self.gating_ffw.kernel)`, a KerasHub
+workaround for a graph-tracer bug). Their calls cannot be handed to vLLM's
+parallel linears, so under tensor parallelism each rank keeps its slice of
+the Keras kernels instead: the gate and up projections by columns, the
+down projection by rows. The norm that follows the MLP all-reduces its
+input first, where vLLM's `RowParallelLinear` would.
+"""
+
+from vllm_keras_hub.settings import UnsupportedParallelismError
+
+# Decoder block class -> (column-sliced kernels, row-sliced kernel).
+BLOCKS = {
+    "Gemma4TextDecoderBlock": (("gating_ffw", "gating_ffw_2"), "ffw_linear"),
+}
+
+_REDUCED_CLASSES = {}
+
+
+def reads_kernels(block):
+    """Whether `block` multiplies by its MLP's kernels itself."""
+    return type(block).__name__ in BLOCKS
+
+
+def shard(block, rank, ranks, weights):
+    """Keeps this rank's slices of `block`'s MLP kernels.
+
+    Args:
+        block: A decoder block `reads_kernels` is true for.
+        rank: This rank's tensor-parallel index.
+        ranks: The tensor-parallel size.
+        weights: The backbone's `PresetWeights`.
+    """
+    columns, row = BLOCKS[type(block).__name__]
+    for name in columns:
+        _keep_slice(getattr(block, name), 1, rank, ranks, weights)
+    _keep_slice(getattr(block, row), 0, rank, ranks, weights)
+    # Gemma4's MoE blocks norm the dense MLP's output on its own before
+    # adding the experts' (which vLLM's `FusedMoE` all-reduces itself).
+    norm = block.post_ffw_norm_dense if block.enable_moe_block else block.post_ffw_norm
+    norm.__class__ = _reduced_class(type(norm))
+
+
+def _keep_slice(layer, axis, rank, ranks, weights):
+    variable = layer._kernel
+    whole = weights.read(variable).detach()
+    if whole.ndim != 2 or whole.shape[axis] % ranks:
+        raise UnsupportedParallelismError(
+            f"{layer.name}: a kernel of shape {tuple(whole.shape)} does not "
+            f"split into {ranks} shards along axis {axis}."
+        )
+    size = whole.shape[axis] // ranks
+    weights.keep(variable, whole.narrow(axis, rank * size, size).clone())
+    layer._tensor_parallel_whole_shape = tuple(whole.shape)
+
+
+def _reduced_class(cls):
+    if cls not in _REDUCED_CLASSES:
+
+        def call(self, x, *args, **kwargs):
+            from vllm.distributed import tensor_model_parallel_all_reduce
+
+            return cls.call(self, tensor_model_parallel_all_reduce(x), *args, **kwargs)
+
+        _REDUCED_CLASSES[cls] = type(cls.__name__, (cls,), {"call": call})
+    return _REDUCED_CLASSES[cls]
