@@ -169,6 +169,10 @@ PIPELINE_CASES = {
     # by the vision model class, with images off: they are refused under
     # pipeline parallelism. Its text path loops over its layers.
     ("gemma3", True): "a vision preset, whose text path loops over its layers",
+    ("gemma3", False): "sliding and global layers, scaled embeddings",
+    ("gpt2", False): "learned positions added on the first stage",
+    ("gpt_neox", False): "a fused per-head q/k/v projection",
+    ("smollm3", False): "a NoPE layer",
 }
 
 
@@ -183,7 +187,9 @@ def _assert_greedy_parity(outputs, expected):
 @pytest.mark.parametrize("family, vision", sorted(PIPELINE_CASES))
 def test_pipeline_parallel_greedy_parity(family, vision, shared):
     preset = shared.vision_preset(family) if vision else shared.preset(family)
-    expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
+    expected = shared.oracle(
+        preset, PROMPTS, MAX_NEW_TOKENS, full_forward=family in FULL_FORWARD_ORACLE
+    )
     with parallel_llm(
         f"keras_hub:{preset}",
         pipeline_parallel_size=2,
@@ -202,12 +208,14 @@ def test_pipeline_parallel_greedy_parity(family, vision, shared):
     _assert_greedy_parity(outputs, expected)
     support_matrix.record(row, TINY_FAMILIES[family][1], pp2="pass")
 
-    # Each stage serves one of the two layers, with its own KV cache and
-    # experts, and holds nothing of the other's layer; the embedding is on
+    # Each stage serves half of the layers, with their own KV cache and
+    # experts, and holds nothing of the other's layers; the embedding is on
     # the first stage, the output head on the last.
     first, last = reports
-    assert (first["stage"], last["stage"]) == ((0, 1), (1, 2))
-    assert (first["attention"], last["attention"]) == (["attention.0"], ["attention.1"])
+    half = last["stage"][1] // 2
+    assert (first["stage"], last["stage"]) == ((0, half), (half, 2 * half))
+    assert first["attention"] == [f"attention.{i}" for i in range(half)]
+    assert last["attention"] == [f"attention.{i}" for i in range(half, 2 * half)]
     moe = family in ("gpt_oss", "qwen3_moe")
     assert first["experts"] == last["experts"] == int(moe)
     assert first["others"] == last["others"] == 0
