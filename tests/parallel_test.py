@@ -143,6 +143,12 @@ def test_tensor_parallel_greedy_parity(family, shared):
         # (vLLM pads each shard to a multiple of 64).
         rows, vocabulary = report["head"]
         assert vocabulary / 2 <= rows < vocabulary
+        # So is the input lookup: the head's own table where the preset ties
+        # them, and Keras's table is gone.
+        rows, vocabulary = report["input_rows"]
+        assert vocabulary / 2 <= rows < vocabulary
+        assert report["lookup_is_head"] == report["tied"]
+        assert report["keras_table"] == 0
     # Per-head tensors: each rank has its own heads' values, in head order.
     for name in ("alibi_slopes", "sinks"):
         for layer, spec in enumerate(specs):

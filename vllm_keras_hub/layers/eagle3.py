@@ -20,6 +20,7 @@ from vllm.model_executor.models.interfaces import EagleModelMixin
 
 from vllm_keras_hub.compile.direct_calls import direct_call
 from vllm_keras_hub.layers import step
+from vllm_keras_hub.layers import vocab_parallel
 from vllm_keras_hub.layers.attention import token_embedding
 from vllm_keras_hub.layers.attention import transformer_layers
 from vllm_keras_hub.models.probe import RouteError
@@ -40,10 +41,18 @@ class SharedEmbedding(nn.Module):
 
     def __init__(self, backbone):
         super().__init__()
-        # Not registered: the table stays the backbone's parameter.
-        self.__dict__["weight"] = token_embedding(backbone).embeddings.value
+        embedding = token_embedding(backbone)
+        # Under tensor parallelism, the rank's rows (`vocab_parallel.py`).
+        table = vocab_parallel.vocab_parallel_table(embedding)
+        self.__dict__["_embedding"] = embedding if table is not None else None
+        # Not registered: the table stays the backbone's (or vLLM's).
+        self.__dict__["weight"] = (
+            table.weight if table is not None else embedding.embeddings.value
+        )
 
     def forward(self, input_ids):
+        if self._embedding is not None:
+            return vocab_parallel.lookup(self._embedding, input_ids)
         return functional.embedding(input_ids, self.weight)
 
 

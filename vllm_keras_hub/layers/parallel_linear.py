@@ -17,9 +17,8 @@ The KerasHub layers keep their own code: an `EinsumDense` over a kernel
 of `heads / ranks` heads gives `heads / ranks` heads out, and the layers'
 reshapes, norms, rotary embeddings and activations work per head. Only the
 head counts the attention routes pass on (`num_key_value_heads`) become the
-rank's. The output head is vLLM's vocabulary-parallel `ParallelLMHead`
-(`vocab_parallel_head`); the input embedding stays whole on every rank, so
-a lookup needs no all-reduce.
+rank's. The output head and the input embedding hold the rank's rows of the
+vocabulary (`vocab_parallel.py`).
 """
 
 import math
@@ -27,6 +26,7 @@ import math
 from vllm_keras_hub.layers import linear
 from vllm_keras_hub.layers import moe_routes
 from vllm_keras_hub.layers import parallel_kernel_reads
+from vllm_keras_hub.layers import vocab_parallel
 from vllm_keras_hub.settings import UnsupportedParallelismError
 
 # Sublayer names, by what the sublayer is in its attention or decoder layer.
@@ -338,8 +338,8 @@ def shard_stage(stage, weights, prefix):
         prefix: The model's module prefix.
 
     Returns:
-        `(linears, head, logits_processor)`: the vLLM parallel linears made,
-        and on the last stage the vocabulary-parallel head and its
+        `(linears, head, logits_processor)`: the vLLM parallel linears made
+        (and on the first stage an untied input table), and on the last stage the vocabulary-parallel head and its
         `LogitsProcessor` (`None` elsewhere, and at one rank: no sharding).
     """
     from vllm.distributed import get_tensor_model_parallel_rank
@@ -351,16 +351,22 @@ def shard_stage(stage, weights, prefix):
     ranks = get_tensor_model_parallel_world_size()
     if ranks == 1:
         return [], None, None
+    embedding = token_embedding(stage.backbone)
     head = logits_processor = None
     if stage.last:
-        embedding = token_embedding(stage.backbone)
-        head, logits_processor = vocab_parallel_head(
+        head, logits_processor = vocab_parallel.head(
             embedding, f"{prefix}lm_head", weights
         )
-        if not stage.first:
-            # Only the head reads a tied table here (the variable, not the
-            # `embeddings` property's value).
-            weights.release([embedding._embeddings])
+    made = []
+    if stage.first:
+        lookup = vocab_parallel.input_lookup(
+            embedding, head, f"{prefix}embed_tokens", weights
+        )
+        if lookup is not head:
+            made.append(lookup)
+    # The Keras table (the variable, not the `embeddings` property's value)
+    # is read by no one now.
+    weights.release([embedding._embeddings])
     linears = shard(
         stage.layers,
         get_tensor_model_parallel_rank(),
@@ -375,51 +381,4 @@ def shard_stage(stage, weights, prefix):
         len(linears),
         ranks,
     )
-    return linears, head, logits_processor
-
-
-def vocab_parallel_head(embedding, prefix, weights):
-    """The output projection as vLLM's `ParallelLMHead` over the vocabulary.
-
-    Each rank computes the logits of its slice of the vocabulary and vLLM's
-    `LogitsProcessor` gathers them (and applies the embedding's final soft
-    cap, as KerasHub's `ReversibleEmbedding` does). Replicating the head
-    instead cost 30% of the throughput at 32 requests on 2 ranks (bench,
-    `llama_tp2`): every rank multiplied by the whole vocabulary.
-
-    An untied output projection moves to the head and Keras's copy is
-    freed. A tied one stays the input embedding, whole on every rank; the
-    head holds a copy of the rank's rows.
-
-    Call inside `set_current_vllm_config`.
-
-    Args:
-        embedding: The backbone's `ReversibleEmbedding`.
-        prefix: The head's name.
-        weights: The backbone's `PresetWeights`.
-
-    Returns:
-        `(head, logits_processor)`; `logits_processor(head, hidden_states)`
-        gives the logits (on the ranks vLLM samples on).
-    """
-    from keras.layers import ReversibleEmbedding
-    from vllm.model_executor.layers.logits_processor import LogitsProcessor
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
-
-    if not isinstance(embedding, ReversibleEmbedding) or embedding.reverse_dtype:
-        raise UnsupportedParallelismError(
-            f"{embedding.name} ({type(embedding).__name__}) is not a plain "
-            "ReversibleEmbedding; its output projection cannot be sharded."
-        )
-    if embedding.tie_weights:
-        variable, weight = None, weights.read(embedding.embeddings).detach()
-    else:
-        variable = embedding.reverse_embeddings
-        weight = weights.read(variable).detach().t()
-    vocab, hidden = weight.shape
-    head = ParallelLMHead(vocab, hidden, params_dtype=weight.dtype, prefix=prefix)
-    head.weight.weight_loader(head.weight, weight)
-    head.quant_method.process_weights_after_loading(head)
-    if variable is not None:
-        weights.release([variable])
-    return head, LogitsProcessor(vocab, soft_cap=embedding.logit_soft_cap)
+    return made + linears, head, logits_processor

@@ -48,15 +48,22 @@ def rank_report(worker):
         of each vLLM `Attention`; `alibi_slopes` and `sinks` per layer;
         `experts`, each `FusedMoE`'s intermediate size on this rank;
         `head`, the output head's vocabulary rows here and in all;
+        `input_rows`, the same for the input lookup, `lookup_is_head`
+        whether it is the head's table, `tied` whether the preset ties
+        them, and `keras_table`, elements left in Keras's table;
         `sliced_kernels`, `(held, whole)` elements of each Keras kernel
         sliced in place (`layers/parallel_kernel_reads.py`).
     """
     from vllm.distributed import get_tensor_model_parallel_rank
 
+    from vllm_keras_hub.layers import vocab_parallel
+    from vllm_keras_hub.layers.attention import token_embedding
+
     model = worker.model_runner.model
     linears = [
         (held_elements(layer), layer.input_size * layer.output_size, layer.tp_size)
         for layer in model.parallel_linears
+        if hasattr(layer, "input_size")
     ]
     keras_kernels = sum(
         layer._kernel.value.numel()
@@ -68,9 +75,15 @@ def rank_report(worker):
         for layer in model.backbone._flatten_layers(include_self=False)
         if hasattr(layer, "_tensor_parallel_whole_shape")
     ]
+    embedding = token_embedding(model.backbone)
+    table = vocab_parallel.vocab_parallel_table(embedding)
     specs = model.attention_specs
     return dict(
         sliced_kernels=sliced,
+        keras_table=embedding._embeddings.value.numel(),
+        input_rows=(table.num_embeddings_per_partition, table.org_vocab_size),
+        lookup_is_head=table is model.lm_head,
+        tied=getattr(embedding, "tie_weights", True),
         rank=get_tensor_model_parallel_rank(),
         linears=linears,
         keras_kernels=keras_kernels,
@@ -121,6 +134,7 @@ def stage_report(worker):
     from vllm.distributed import get_pp_group
     from vllm.distributed import get_tensor_model_parallel_rank
 
+    from vllm_keras_hub.layers import vocab_parallel
     from vllm_keras_hub.layers.attention import token_embedding
     from vllm_keras_hub.layers.attention import transformer_layers
 
@@ -147,7 +161,10 @@ def stage_report(worker):
         attention=[layer.layer_name for layer in model.attention],
         experts=len(model.moe),
         others=sum(held(layer) for i, layer in enumerate(layers) if i not in own),
-        embedding=embedding.embeddings.value.numel() > 0,
+        embedding=(
+            embedding.embeddings.value.numel() > 0
+            or vocab_parallel.vocab_parallel_table(embedding) is not None
+        ),
         head=model.lm_head is not None or output,
         vocab_parallel_head=model.lm_head is not None,
         tied=tied,
