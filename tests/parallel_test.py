@@ -64,6 +64,7 @@ CASES = {
     "qwen": "q/k/v biases cut per rank",
     "gemma4": "KV-sharing layers, per-layer inputs, K = V global layers",
     "gemma4_moe": "a dense MLP sliced beside experts on vLLM's FusedMoE",
+    "gemma3n": "activation sparsity over the whole width, AltUp, KV sharing",
 }
 
 
@@ -235,6 +236,7 @@ def test_pipeline_parallel_greedy_parity(family, vision, shared):
 # over 128-token prefill steps (its attention over them is causal).
 IMAGE_CASES = {
     "gemma3": ("<start_of_image>", dict(block_size=16)),
+    "gemma3n": ("<start_of_image>", dict(block_size=16)),
     "gemma4": (
         "<|image|>",
         dict(
@@ -254,7 +256,8 @@ def test_tensor_parallel_images_match_generate(family, shared):
 
     The text layers are sharded; the vision encoder is whole on each rank,
     which embeds the images itself, so no image embedding crosses ranks
-    (vLLM's own Gemma3 shards its SigLIP tower instead).
+    (vLLM's own Gemma3 shards its SigLIP tower instead). Gemma3n: its
+    MobileNet-v5 encoder, and its text layers' AltUp and per-layer inputs.
     """
     placeholder, engine = IMAGE_CASES[family]
     preset = shared.vision_preset(family)

@@ -77,13 +77,27 @@ def check_parallelism(
     sharded = tensor_parallel_size and tensor_parallel_size > 1
     if sharded and not family.tensor_parallel:
         mapped = ", ".join(families.tensor_parallel_families())
+        reason = TENSOR_REFUSALS.get(
+            family.backbone, "its layers are not mapped to vLLM's parallel linear layers"
+        )
         raise UnsupportedParallelismError(
             f"{family.display_name} cannot be served with tensor parallelism "
-            f"yet (tensor_parallel_size={tensor_parallel_size}): its layers are "
-            f"not mapped to vLLM's parallel linear layers. Families that are: "
-            f"{mapped}. Serve it with tensor_parallel_size=1, or scale out "
-            "with --data-parallel-size."
+            f"yet (tensor_parallel_size={tensor_parallel_size}): {reason}. "
+            f"Families that are: {mapped}. Serve it with tensor_parallel_size=1, "
+            "or scale out with --data-parallel-size."
         )
+
+
+# Backbone class -> why its layers are not sharded across tensor-parallel
+# ranks yet (`layers/parallel_linear.py`).
+_HYBRID_SHARDS = (
+    "its Gated DeltaNet layers' heads and state are not split across ranks "
+    "yet"
+)
+TENSOR_REFUSALS = {
+    "Qwen3_5Backbone": _HYBRID_SHARDS,
+    "Qwen3_5MoeBackbone": _HYBRID_SHARDS,
+}
 
 
 class UnsupportedHybridConfigError(ValueError):

@@ -67,12 +67,11 @@ def test_bad_model_exits_before_the_engine_starts(model, cause):
 @pytest.mark.parametrize(
     "family, flags, cause",
     [
-        # Gemma3n's AltUp and per-layer projections are not mapped to vLLM's
-        # parallel linears.
+        # Qwen3.5's Gated DeltaNet layers are not sharded.
         (
-            "gemma3n",
+            "qwen3_5",
             ("--tensor-parallel-size", "2"),
-            "Gemma3n cannot be served with tensor",
+            "Qwen3.5 cannot be served with tensor parallelism yet",
         ),
         # Gemma3n's layers pass a stack of hidden states, not one.
         (

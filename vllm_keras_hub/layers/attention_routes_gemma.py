@@ -21,8 +21,10 @@ def gemma3n(layer, hidden_states, positions):
     # V, softmax scale 1, local and global RoPE bases and the window set per
     # layer. A KV-sharing layer computes only its query and attends over its
     # target's cache (`kv_sharing_target`).
+    # Query heads counted from the projection: a rank's share under tensor
+    # parallelism.
     num_tokens = ops.shape(hidden_states)[0]
-    heads = (num_tokens, 1, layer.num_attention_heads, layer.head_dim)
+    heads = (num_tokens, 1, -1, layer.head_dim)
     kv_heads = (num_tokens, 1, layer.num_key_value_heads, layer.head_dim)
     query = layer.q_norm(ops.reshape(layer.q_proj(hidden_states), heads))
     query = layer.rotary_embedding(query, positions=positions)

@@ -25,7 +25,7 @@ import math
 
 from vllm_keras_hub.layers import linear
 from vllm_keras_hub.layers import moe_routes
-from vllm_keras_hub.layers import parallel_kernel_reads
+from vllm_keras_hub.layers import parallel_mlp
 from vllm_keras_hub.layers import vocab_parallel
 from vllm_keras_hub.settings import UnsupportedParallelismError
 
@@ -240,15 +240,15 @@ def shard(transformer_layers, rank, ranks, prefix, weights, first_index=0):
         attention = _attention_of(block)
         name = f"{prefix}{index}."
         (output,) = _sublayer(attention, ATTENTION_OUTPUT, "attention output")
-        if any(getattr(attention, fused, None) for fused in FUSED_QKV):
+        if any(getattr(attention, fused, None) is not None for fused in FUSED_QKV):
             (qkv,) = _sublayer(attention, FUSED_QKV, "fused query/key/value")
             made.append(_shard_column(qkv, rank, ranks, f"{name}qkv", weights, "heads"))
         else:
             made.extend(_shard_qkv(attention, rank, ranks, name, weights))
         made.append(_shard_row(output, rank, ranks, f"{name}o", weights))
         _cut_per_head(attention, rank, ranks, weights)
-        if parallel_kernel_reads.reads_kernels(block):
-            parallel_kernel_reads.shard(block, rank, ranks, weights)
+        if parallel_mlp.reads_kernels(block):
+            parallel_mlp.shard(block, rank, ranks, weights)
             continue
         if _has_moe(block):
             # vLLM's `FusedMoE` shards the experts and all-reduces their sum;
@@ -264,6 +264,7 @@ def shard(transformer_layers, rank, ranks, prefix, weights, first_index=0):
             made.append(
                 _shard_row(layer, rank, ranks, f"{name}mlp_out{index_out}", weights)
             )
+        parallel_mlp.gather_statistics(mlp, rank, ranks)
     return made
 
 
@@ -339,8 +340,9 @@ def shard_stage(stage, weights, prefix):
 
     Returns:
         `(linears, head, logits_processor)`: the vLLM parallel linears made
-        (and on the first stage an untied input table), and on the last stage the vocabulary-parallel head and its
-        `LogitsProcessor` (`None` elsewhere, and at one rank: no sharding).
+        (and on the first stage an untied input table), and on the last
+        stage the vocabulary-parallel head and its `LogitsProcessor`
+        (`None` elsewhere, and at one rank: no sharding).
     """
     from vllm.distributed import get_tensor_model_parallel_rank
     from vllm.distributed import get_tensor_model_parallel_world_size
@@ -366,7 +368,7 @@ def shard_stage(stage, weights, prefix):
             made.append(lookup)
     # The Keras table (the variable, not the `embeddings` property's value)
     # is read by no one now.
-    weights.release([embedding._embeddings])
+    weights.release([vocab_parallel.table_layer(embedding)._embeddings])
     linears = shard(
         stage.layers,
         get_tensor_model_parallel_rank(),

@@ -19,12 +19,25 @@ from vllm_keras_hub.settings import UnsupportedParallelismError
 _LOOKUP_CLASSES = {}
 
 
+def table_layer(embedding):
+    """The Keras layer holding the token table of `token_embedding(backbone)`.
+
+    A `ReversibleEmbedding` itself, or for Gemma3n (whose text model's
+    `token_embedding` is a method reading its scaled embedding's table) the
+    plain `Embedding` inside that.
+    """
+    text_model = getattr(embedding, "__self__", None)
+    if text_model is not None:
+        return text_model.embed_tokens.embedding
+    return embedding
+
+
 def head(embedding, prefix, weights):
     """The output projection as vLLM's `ParallelLMHead` over the vocabulary.
 
     Each rank computes the logits of its slice of the vocabulary and vLLM's
-    `LogitsProcessor` gathers them (and applies the embedding's final soft
-    cap, as KerasHub's `ReversibleEmbedding` does). Replicating the head
+    `LogitsProcessor` gathers them (and applies the final soft cap, as
+    KerasHub does after its output projection). Replicating the head
     instead cost 30% of the throughput at 32 requests on 2 ranks (bench,
     `llama_tp2`): every rank multiplied by the whole vocabulary.
 
@@ -34,7 +47,7 @@ def head(embedding, prefix, weights):
     Call inside `set_current_vllm_config`.
 
     Args:
-        embedding: The backbone's `ReversibleEmbedding`.
+        embedding: `token_embedding(backbone)`.
         prefix: The head's name.
         weights: The backbone's `PresetWeights`.
 
@@ -46,23 +59,30 @@ def head(embedding, prefix, weights):
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
-    if not isinstance(embedding, ReversibleEmbedding) or embedding.reverse_dtype:
+    text_model = getattr(embedding, "__self__", None)
+    if text_model is not None:
+        # Gemma3n: always tied, its soft cap on the text model.
+        variable, soft_cap = None, text_model.final_logit_soft_cap
+        weight = weights.read(table_layer(embedding).embeddings).detach()
+    elif isinstance(embedding, ReversibleEmbedding) and not embedding.reverse_dtype:
+        soft_cap = embedding.logit_soft_cap
+        if embedding.tie_weights:
+            variable, weight = None, weights.read(embedding.embeddings).detach()
+        else:
+            variable = embedding.reverse_embeddings
+            weight = weights.read(variable).detach().t()
+    else:
         raise UnsupportedParallelismError(
             f"{embedding.name} ({type(embedding).__name__}) is not a plain "
             "ReversibleEmbedding; its output projection cannot be sharded."
         )
-    if embedding.tie_weights:
-        variable, weight = None, weights.read(embedding.embeddings).detach()
-    else:
-        variable = embedding.reverse_embeddings
-        weight = weights.read(variable).detach().t()
     vocab, hidden = weight.shape
     lm_head = ParallelLMHead(vocab, hidden, params_dtype=weight.dtype, prefix=prefix)
     lm_head.weight.weight_loader(lm_head.weight, weight)
     lm_head.quant_method.process_weights_after_loading(lm_head)
     if variable is not None:
         weights.release([variable])
-    return lm_head, LogitsProcessor(vocab, soft_cap=embedding.logit_soft_cap)
+    return lm_head, LogitsProcessor(vocab, soft_cap=soft_cap)
 
 
 def input_lookup(embedding, lm_head, prefix, weights):
@@ -71,7 +91,7 @@ def input_lookup(embedding, lm_head, prefix, weights):
     Call inside `set_current_vllm_config`, before Keras's table is released.
 
     Args:
-        embedding: The backbone's token embedding.
+        embedding: `token_embedding(backbone)`.
         lm_head: This rank's `ParallelLMHead`, or `None` on a stage
             without the head.
         prefix: The name of a new `VocabParallelEmbedding`.
@@ -85,23 +105,23 @@ def input_lookup(embedding, lm_head, prefix, weights):
         VocabParallelEmbedding,
     )
 
-    if lm_head is not None and getattr(embedding, "tie_weights", False):
+    layer = table_layer(embedding)
+    if lm_head is not None and getattr(layer, "tie_weights", True):
         table = lm_head
     else:
-        weight = weights.read(embedding.embeddings).detach()
+        weight = weights.read(layer.embeddings).detach()
         table = VocabParallelEmbedding(
             *weight.shape, params_dtype=weight.dtype, prefix=prefix
         )
         table.weight.weight_loader(table.weight, weight)
-    # `ParallelLMHead.forward` refuses to run; its lookup is its base's.
-    embedding.__dict__["_vocab_parallel"] = table
-    embedding.__class__ = _lookup_class(type(embedding))
+    layer.__dict__["_vocab_parallel"] = table
+    layer.__class__ = _lookup_class(type(layer))
     return table
 
 
 def vocab_parallel_table(embedding):
     """The `VocabParallelEmbedding` that `embedding` looks up in, if any."""
-    return embedding.__dict__.get("_vocab_parallel")
+    return table_layer(embedding).__dict__.get("_vocab_parallel")
 
 
 def lookup(embedding, token_ids):
@@ -110,6 +130,7 @@ def lookup(embedding, token_ids):
         VocabParallelEmbedding,
     )
 
+    # `ParallelLMHead.forward` refuses to run; its lookup is its base's.
     return VocabParallelEmbedding.forward(vocab_parallel_table(embedding), token_ids)
 
 

@@ -95,7 +95,12 @@ FAMILIES = (
     # KV sharing: the last `num_kv_shared_layers` layers attend over an
     # earlier layer's cache (`layers.attention.ROUTES`).
     Family(
-        "gemma3n", "Gemma3n", "Gemma3nBackbone", "vllm_keras_hub", ("<end_of_turn>",)
+        "gemma3n",
+        "Gemma3n",
+        "Gemma3nBackbone",
+        "vllm_keras_hub",
+        ("<end_of_turn>",),
+        tensor_parallel=True,
     ),
     Family(
         "gemma4",

@@ -52,7 +52,7 @@ def rank_report(worker):
         whether it is the head's table, `tied` whether the preset ties
         them, and `keras_table`, elements left in Keras's table;
         `sliced_kernels`, `(held, whole)` elements of each Keras kernel
-        sliced in place (`layers/parallel_kernel_reads.py`).
+        sliced in place (`layers/parallel_mlp.py`).
     """
     from vllm.distributed import get_tensor_model_parallel_rank
 
@@ -80,7 +80,7 @@ def rank_report(worker):
     specs = model.attention_specs
     return dict(
         sliced_kernels=sliced,
-        keras_table=embedding._embeddings.value.numel(),
+        keras_table=vocab_parallel.table_layer(embedding)._embeddings.value.numel(),
         input_rows=(table.num_embeddings_per_partition, table.org_vocab_size),
         lookup_is_head=table is model.lm_head,
         tied=getattr(embedding, "tie_weights", True),

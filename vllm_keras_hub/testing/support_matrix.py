@@ -10,6 +10,7 @@ features its served model used (`parallel_test.py` the parallel columns,
 from vllm_keras_hub.export import chat_templates
 from vllm_keras_hub.models import families
 from vllm_keras_hub.settings import PIPELINE_REFUSALS
+from vllm_keras_hub.settings import TENSOR_REFUSALS
 
 RESULTS = {}
 COLUMNS = (
@@ -82,4 +83,21 @@ def render():
                 f"| {family.display_name} | | not tested in this run "
                 + "| " * 12 + "|"
             )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _refusals()) + "\n"
+
+
+def _refusals():
+    """Each "refused" parallel cell's reason, in the refusal's own words."""
+    lines = ["", "Refused, as the start-up error says:", ""]
+    for family in families.FAMILIES:
+        if family.route is None or family.embedder_only:
+            continue
+        if not family.tensor_parallel:
+            reason = TENSOR_REFUSALS.get(family.backbone, "not mapped")
+            lines.append(f"- {family.display_name}, 2 ranks: {reason}.")
+        if family.backbone in PIPELINE_REFUSALS:
+            lines.append(
+                f"- {family.display_name}, 2 stages: "
+                f"{PIPELINE_REFUSALS[family.backbone]}."
+            )
+    return lines

@@ -1,12 +1,18 @@
-"""Tensor parallelism for an MLP whose block multiplies by its kernels itself.
+"""Tensor parallelism for MLPs that need more than column and row shards.
 
-Gemma4's decoder block does not call its feed-forward layers: it reads
-their kernels (`ops.matmul(x, self.gating_ffw.kernel)`, a KerasHub
-workaround for a graph-tracer bug). Their calls cannot be handed to vLLM's
-parallel linears, so under tensor parallelism each rank keeps its slice of
-the Keras kernels instead: the gate and up projections by columns, the
-down projection by rows. The norm that follows the MLP all-reduces its
-input first, where vLLM's `RowParallelLinear` would.
+- Gemma4's decoder block does not call its feed-forward layers: it reads
+  their kernels (`ops.matmul(x, self.gating_ffw.kernel)`, a KerasHub
+  workaround for a graph-tracer bug). Their calls cannot be handed to
+  vLLM's parallel linears, so each rank keeps its slice of the Keras
+  kernels instead: the gate and up projections by columns, the down
+  projection by rows. The norm that follows the MLP all-reduces its input
+  first, where vLLM's `RowParallelLinear` would.
+- Gemma3n's activation sparsity cuts the gate's activations at their mean
+  plus a multiple of their standard deviation over the whole intermediate
+  width, which a rank holds only part of. Its own `_gaussian_topk` runs on
+  the gate gathered from all ranks, and each rank keeps its part of the
+  result. (As read, vLLM's own Gemma3n takes the statistics per shard, so
+  its output at 2 ranks differs from 1 rank's.)
 """
 
 from vllm_keras_hub.settings import UnsupportedParallelismError
@@ -17,11 +23,24 @@ BLOCKS = {
 }
 
 _REDUCED_CLASSES = {}
+_GATHERED_CLASSES = {}
 
 
 def reads_kernels(block):
     """Whether `block` multiplies by its MLP's kernels itself."""
     return type(block).__name__ in BLOCKS
+
+
+def gather_statistics(mlp, rank, ranks):
+    """Makes a sharded `mlp`'s sparsity statistics whole-width, if it has any.
+
+    Args:
+        mlp: The block's MLP layer, its projections already sharded.
+        rank: This rank's tensor-parallel index.
+        ranks: The tensor-parallel size.
+    """
+    if getattr(mlp, "activation_sparsity", 0.0) > 0.0:
+        mlp.__class__ = _gathered_class(type(mlp), rank, ranks)
 
 
 def shard(block, rank, ranks, weights):
@@ -66,3 +85,20 @@ def _reduced_class(cls):
 
         _REDUCED_CLASSES[cls] = type(cls.__name__, (cls,), {"call": call})
     return _REDUCED_CLASSES[cls]
+
+
+def _gathered_class(cls, rank, ranks):
+    key = (cls, rank, ranks)
+    if key not in _GATHERED_CLASSES:
+
+        def _gaussian_topk(self, inputs):
+            from vllm.distributed import tensor_model_parallel_all_gather
+
+            whole = tensor_model_parallel_all_gather(inputs.contiguous(), dim=-1)
+            size = inputs.shape[-1]
+            return cls._gaussian_topk(self, whole).narrow(-1, rank * size, size)
+
+        _GATHERED_CLASSES[key] = type(
+            cls.__name__, (cls,), {"_gaussian_topk": _gaussian_topk}
+        )
+    return _GATHERED_CLASSES[key]
