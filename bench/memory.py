@@ -2,19 +2,27 @@
 
     .venv/bin/python bench/memory.py                 # both systems, eager
     .venv/bin/python bench/memory.py --compiled      # vLLM's default mode
+    .venv/bin/python bench/memory.py --tensor-parallel-size 2  # 1 and 2 ranks
 
 A random-weight Gemma3 of `gemma3_instruct_1b`'s shape (26 layers, hidden
 1152, 4 query heads and 1 KV head of 256, MLP 6912, sliding window 512, the
 full 262,144-token vocabulary, tied embeddings), float32, saved once as a
 KerasHub preset and exported by keras-hub's own Hugging Face exporter for
 vLLM's native Gemma3. Each system runs in its own subprocess with the same
-engine settings (2 GiB KV cache, `max_model_len` 512), as users start it
+engine settings (2 GiB KV cache per worker, `--kv-cache-gib`, `max_model_len` 512), as users start it
 (engine core and worker in their own processes), and serves 32 prompts of
 token ids, 64 new tokens each. The summed RSS of the process tree and each
 worker's RSS are sampled every 50 ms (`bench/systems.py: PeakRss`): the
 peak while the engine starts (weights loaded, KV cache allocated), the
 worker's RSS once it can serve, and the peak over the whole run. Writes
 `bench/results/memory.json`.
+
+With `--tensor-parallel-size N`, each system runs at 1 rank and at N
+(each rank's worker bound to its own core), and the ratio printed is each
+rank's worker peak while starting against the one worker's. The KV
+cache is per worker, so with a small one (`--kv-cache-gib 0.25`) the
+peak is mostly the weights. Writes
+`bench/results/memory-tpN.json` and a plot beside it.
 """
 
 import argparse
@@ -81,15 +89,16 @@ def make_weights(root):
     return preset, hf
 
 
-def worker(system, preset, hf, compiled):
+def worker(system, preset, hf, compiled, ranks=1, kv_cache_gib=2.0):
     import vllm
     from vllm.inputs import TokensPrompt
 
     from bench.systems import PeakRss
 
     kwargs = dict(
-        dtype="float32", max_model_len=512, kv_cache_memory_bytes=2 << 30, seed=0,
-        enforce_eager=not compiled,
+        dtype="float32", max_model_len=512, seed=0,
+        kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
+        enforce_eager=not compiled, tensor_parallel_size=ranks,
     )  # fmt: skip
     rng = random.Random(0)
     prompts = [
@@ -141,6 +150,8 @@ def main():
     parser.add_argument("--compiled", action="store_true")
     parser.add_argument("--systems", default="keras_hub,native")
     parser.add_argument("--worker")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--kv-cache-gib", type=float, default=2.0)
     args = parser.parse_args()
     from vllm_keras_hub import backend
 
@@ -150,7 +161,10 @@ def main():
     root = os.path.join(default_cache_dir(), "bench", "memory-gemma3-1b")
     if args.worker:
         preset, hf = os.path.join(root, "keras_hub"), os.path.join(root, "hf")
-        worker_result.emit(worker(args.worker, preset, hf, args.compiled))
+        worker_result.emit(
+            worker(args.worker, preset, hf, args.compiled, args.tensor_parallel_size,
+                   args.kv_cache_gib)  # fmt: skip
+        )
         return
     from bench.run import worker_env
 
@@ -160,12 +174,12 @@ def main():
         [sys.executable, "-c", f"from bench.memory import make_weights; make_weights({root!r})"],
         check=True, env={**env, "PYTHONPATH": ROOT}, cwd=ROOT,
     )  # fmt: skip
+    if args.tensor_parallel_size > 1:
+        _compare_ranks(args, env)
+        return
     results = {}
     for system in args.systems.split(","):
-        argv = [sys.executable, __file__, "--worker", system]
-        if args.compiled:
-            argv.append("--compiled")
-        r = results[system] = worker_result.run(argv, env, 1800, system)
+        r = results[system] = _run(system, args, env, 1)
         print(f"{system:10s} start peak {r['start_peak_mb']:7.0f} MB  serving worker "
               f"{r['serving_worker_rss_mb']:7.0f} MB  run peak {r['run_peak_mb']:7.0f} MB  "
               f"{r['tok_s']:.1f} tok/s", flush=True)  # fmt: skip
@@ -174,11 +188,74 @@ def main():
         for key in ("start_peak_mb", "serving_worker_rss_mb", "run_peak_mb"):
             print(f"{key}: {ours[key] / native[key]:.3f}x native")
         print("same tokens:", ours["tokens"] == native["tokens"])
-    os.makedirs(RESULTS, exist_ok=True)
     name = "memory-compiled.json" if args.compiled else "memory.json"
+    _write(name, dict(results=results), args)
+
+
+def _run(system, args, env, ranks):
+    argv = [sys.executable, __file__, "--worker", system,
+            "--tensor-parallel-size", str(ranks),
+            "--kv-cache-gib", str(args.kv_cache_gib)]  # fmt: skip
+    if args.compiled:
+        argv.append("--compiled")
+    if ranks > 1:
+        env = {**env, "VLLM_CPU_OMP_THREADS_BIND": "|".join(map(str, range(ranks)))}
+    return worker_result.run(argv, env, 1800, f"{system} at {ranks} ranks")
+
+
+def _compare_ranks(args, env):
+    """Each system at 1 rank and at N: each rank's worker peak while starting."""
+    ranks = args.tensor_parallel_size
+    results, ratios = {}, {}
+    for system in args.systems.split(","):
+        one = results[f"{system}_tp1"] = _run(system, args, env, 1)
+        many = results[f"{system}_tp{ranks}"] = _run(system, args, env, ranks)
+        (single,) = one["start_worker_peak_mb"].values()
+        per_rank = sorted(many["start_worker_peak_mb"].items())
+        ratios[system] = {title: peak / single for title, peak in per_rank}
+        print(f"{system:10s} 1 rank: worker peak {single:7.0f} MB, {one['tok_s']:.1f} tok/s; "
+              f"{ranks} ranks: " + ", ".join(
+                  f"{t} {p:7.0f} MB ({p / single:.2f}x)" for t, p in per_rank)
+              + f", {many['tok_s']:.1f} tok/s", flush=True)  # fmt: skip
+        print(f"{system:10s} same tokens at 1 and {ranks} ranks:",
+              one["tokens"] == many["tokens"])  # fmt: skip
+    if {"keras_hub", "native"} <= set(ratios):
+        ours = results[f"keras_hub_tp{ranks}"]
+        native = results[f"native_tp{ranks}"]
+        print(f"throughput at {ranks} ranks: {ours['tok_s'] / native['tok_s']:.3f}x native")
+        print("same tokens as native:", ours["tokens"] == native["tokens"])
+    name = f"memory-tp{ranks}"
+    _write(f"{name}.json", dict(results=results, worker_peak_vs_one_rank=ratios), args)
+    _plot(results, ranks, os.path.join(RESULTS, f"{name}.png"))
+
+
+def _write(name, fields, args):
+    os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, name), "w") as f:
         json.dump(dict(shape=SHAPE, requests=REQUESTS, new_tokens=NEW_TOKENS,
-                       results=results, date=time.strftime("%Y-%m-%d %H:%M")), f)  # fmt: skip
+                       compiled=args.compiled, kv_cache_gib=args.kv_cache_gib,
+                       **fields,
+                       date=time.strftime("%Y-%m-%d %H:%M")), f)  # fmt: skip
+
+
+def _plot(results, ranks, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, peaks = [], []
+    for name, result in results.items():
+        for title, peak in sorted(result["start_worker_peak_mb"].items()):
+            labels.append(f"{name}\n{title.removeprefix('VLLM::')}")
+            peaks.append(peak / 1024)
+    fig, ax = plt.subplots(figsize=(2 + 1.2 * len(labels), 4))
+    ax.bar(range(len(labels)), peaks)
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylabel("worker peak RSS while starting (GiB)")
+    ax.set_title(f"Gemma3-1B shape, float32: 1 rank against {ranks}")
+    fig.tight_layout()
+    fig.savefig(path)
 
 
 if __name__ == "__main__":

@@ -359,13 +359,15 @@ def shard_stage(stage, weights, prefix):
         head, logits_processor = vocab_parallel.head(
             embedding, f"{prefix}lm_head", weights
         )
-    made = []
+    made, lookup = [], None
     if stage.first:
         lookup = vocab_parallel.input_lookup(
             embedding, head, f"{prefix}embed_tokens", weights
         )
         if lookup is not head:
             made.append(lookup)
+    if head is not None:
+        vocab_parallel.prepare_head(head, looks_up=lookup is head)
     # The Keras table (the variable, not the `embeddings` property's value)
     # is read by no one now.
     weights.release([vocab_parallel.table_layer(embedding)._embeddings])

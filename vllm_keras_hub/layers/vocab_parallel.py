@@ -42,7 +42,8 @@ def head(embedding, prefix, weights):
     `llama_tp2`): every rank multiplied by the whole vocabulary.
 
     An untied output projection moves to the head and Keras's copy is
-    freed; the caller frees a tied table once the input lookup is made.
+    freed; the caller frees a tied table once the input lookup is made,
+    then calls `prepare_head`.
 
     Call inside `set_current_vllm_config`.
 
@@ -79,10 +80,48 @@ def head(embedding, prefix, weights):
     vocab, hidden = weight.shape
     lm_head = ParallelLMHead(vocab, hidden, params_dtype=weight.dtype, prefix=prefix)
     lm_head.weight.weight_loader(lm_head.weight, weight)
-    lm_head.quant_method.process_weights_after_loading(lm_head)
     if variable is not None:
         weights.release([variable])
     return lm_head, LogitsProcessor(vocab, soft_cap=soft_cap)
+
+
+def prepare_head(lm_head, looks_up):
+    """Readies `lm_head`'s matmul once it is known whether it also looks up.
+
+    On the CPU, vLLM's embedding method keeps the weight beside the copy
+    its GEMM packs (`remove_weight=False`: a lookup needs the weight),
+    which for Gemma3 1B's table is 1.2 GB over one copy. A table that only
+    projects keeps the packed copy alone; a float32 table that also looks
+    up multiplies on oneDNN over its one unpacked tensor, as
+    `layers/linear.py` does at one rank. Elsewhere vLLM's own.
+
+    Args:
+        lm_head: The `ParallelLMHead` from `head`.
+        looks_up: Whether it is also the input lookup (tied, first stage).
+    """
+    import torch
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.platforms import current_platform
+
+    from vllm_keras_hub.layers.linear import unpacked_linear
+
+    if not current_platform.is_cpu():
+        lm_head.quant_method.process_weights_after_loading(lm_head)
+    elif not looks_up:
+        dispatch_cpu_unquantized_gemm(lm_head, remove_weight=True)
+    elif lm_head.weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+        lm_head.cpu_linear = unpacked_linear
+    else:
+        dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
+    # The layer's own method instance (`VocabParallelEmbedding` makes one).
+    lm_head.quant_method.process_weights_after_loading = _processed
+
+
+def _processed(layer):
+    # vLLM's `BaseModelLoader.load_model` processes every layer's weights
+    # again after `load_weights`; this head's are processed here, once, and
+    # a second pass would pack a second copy beside the one it keeps.
+    pass
 
 
 def input_lookup(embedding, lm_head, prefix, weights):

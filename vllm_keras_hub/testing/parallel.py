@@ -50,7 +50,9 @@ def rank_report(worker):
         `head`, the output head's vocabulary rows here and in all;
         `input_rows`, the same for the input lookup, `lookup_is_head`
         whether it is the head's table, `tied` whether the preset ties
-        them, and `keras_table`, elements left in Keras's table;
+        them, `head_copies`, `"one unpacked"` or `"packed only"` (or
+        `"weight and packed"`, vLLM's default on the CPU), and
+        `keras_table`, elements left in Keras's table;
         `sliced_kernels`, `(held, whole)` elements of each Keras kernel
         sliced in place (`layers/parallel_mlp.py`).
     """
@@ -83,6 +85,7 @@ def rank_report(worker):
         keras_table=vocab_parallel.table_layer(embedding)._embeddings.value.numel(),
         input_rows=(table.num_embeddings_per_partition, table.org_vocab_size),
         lookup_is_head=table is model.lm_head,
+        head_copies=_head_copies(model.lm_head),
         tied=getattr(embedding, "tie_weights", True),
         rank=get_tensor_model_parallel_rank(),
         linears=linears,
@@ -116,6 +119,16 @@ def held_elements(layer):
         return handler.k * handler.n
     cells = (cell.cell_contents for cell in layer.cpu_linear.__closure__ or ())
     return sum(value.numel() for value in cells if isinstance(value, torch.Tensor))
+
+
+def _head_copies(lm_head):
+    from vllm_keras_hub.layers.linear import unpacked_linear
+
+    if lm_head.cpu_linear is unpacked_linear:
+        return "one unpacked"
+    if lm_head.weight.numel() == 0:
+        return "packed only"
+    return "weight and packed"
 
 
 def stage_report(worker):
