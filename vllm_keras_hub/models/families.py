@@ -26,8 +26,7 @@ class Family:
         unsupported_reason: Why a family without a route cannot be served.
         tensor_parallel: Whether its layers shard across tensor-parallel
             ranks (`layers/parallel_linear.py`); set where `parallel_test.py`
-            proves it (Llama shares Llama3's layers, Qwen 2 is proven
-            through the server).
+            proves it (Llama shares Llama3's layers).
         hybrid: Whether some layers keep a recurrent state in vLLM's state
             cache instead of a KV cache (`layers/state_routes.py`).
         embedder_only: An encoder family, served only as a text embedder
