@@ -165,12 +165,16 @@ def vocab_parallel_table(embedding):
 
 def lookup(embedding, token_ids):
     """`embedding`'s vocabulary-parallel lookup of `token_ids`."""
+    return _lookup(vocab_parallel_table(embedding), token_ids)
+
+
+def _lookup(table, token_ids):
     from vllm.model_executor.layers.vocab_parallel_embedding import (
         VocabParallelEmbedding,
     )
 
     # `ParallelLMHead.forward` refuses to run; its lookup is its base's.
-    return VocabParallelEmbedding.forward(vocab_parallel_table(embedding), token_ids)
+    return VocabParallelEmbedding.forward(table, token_ids)
 
 
 def _lookup_class(cls):
@@ -182,7 +186,8 @@ def _lookup_class(cls):
                     f"{self.name}: under tensor parallelism the output "
                     "projection is vLLM's ParallelLMHead, not this layer."
                 )
-            return ops.cast(lookup(self, inputs), self.compute_dtype)
+            table = self.__dict__["_vocab_parallel"]
+            return ops.cast(_lookup(table, inputs), self.compute_dtype)
 
         _LOOKUP_CLASSES[cls] = type(cls.__name__, (cls,), {"call": call})
     return _LOOKUP_CLASSES[cls]
