@@ -8,6 +8,10 @@ and Python 3.11 and 3.12 (pip's dry run, from PyPI), and that it pins what
 the CPU lock pins. The dry run takes minutes of network: it runs when the
 lock or `scripts/lock-cuda` changed since `scripts/lock-cuda --check` last
 passed (`requirements-cuda.check` records that), and is one command away.
+
+The CPU lock's one audio decoder, PyAV, reads what users send: WAV, FLAC
+and MP3 files, through vLLM's own loader and resampler (scripts/setup checks
+the same when it installs).
 """
 
 import glob
@@ -132,3 +136,21 @@ def test_setup_refuses_an_environment_whose_python_is_gone(tmp_path):
     assert result.returncode == 1, result.stderr
     assert ".venv/bin/python is not a working Python" in result.stderr
     assert "Remove .venv and run scripts/setup again" in result.stderr
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3"])
+def test_the_lock_decodes_audio_files_as_vllm_reads_them(fmt):
+    import numpy as np
+
+    from vllm_keras_hub.testing import audio
+
+    # At 22.05 kHz, so vLLM resamples too.
+    clip = audio.tone_clip(440, seconds=0.5, rate=22050)
+    samples = audio.decoded(audio.encoded(clip, fmt, rate=22050))
+    expected = audio.tone_clip(440, seconds=0.5)
+    # MP3 frames pad the clip; every format keeps its length within that.
+    assert abs(len(samples) - len(expected)) < 0.1 * len(expected)
+    assert np.sqrt(np.mean(samples**2)) == pytest.approx(0.5 / np.sqrt(2), rel=0.1)
+    if fmt != "mp3":  # Lossless: the tone itself, up to resampling.
+        middle = slice(1000, 7000)
+        assert np.abs(samples[middle] - expected[middle]).max() < 0.01
