@@ -23,11 +23,11 @@ from tests.model_test import FULL_FORWARD_ORACLE
 from tests.model_test import GREEDY
 from tests.model_test import MAX_NEW_TOKENS
 from tests.model_test import PROMPTS
+from vllm_keras_hub.testing import audio
 from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
 from vllm_keras_hub.testing.images import assert_tokens
 from vllm_keras_hub.testing.images import batch_prompts
-from vllm_keras_hub.testing.images import request
 from vllm_keras_hub.testing.parallel import parallel_llm
 from vllm_keras_hub.testing.parallel import rank_report
 from vllm_keras_hub.testing.parallel import stage_report
@@ -261,23 +261,29 @@ def test_tensor_parallel_images_match_generate(family, shared):
     The text layers are sharded; the vision encoder is whole on each rank,
     which embeds the images itself, so no image embedding crosses ranks
     (vLLM's own Gemma3 shards its SigLIP tower instead). Gemma3n: its
-    MobileNet-v5 encoder, and its text layers' AltUp and per-layer inputs.
+    MobileNet-v5 encoder, its audio encoder, and its text layers' AltUp and
+    per-layer inputs.
     """
     placeholder, engine = IMAGE_CASES[family]
     preset = shared.vision_preset(family)
     prompts = batch_prompts(placeholder)
+    limits = {"image": 2}
+    if family == "gemma3n":
+        # Its audio encoder too, whole on each rank as the vision encoder.
+        prompts.append(("Listen: <start_of_audio> what?", [], [audio.noise_clip(0)]))
+        limits["audio"] = 1
     expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
     # The image decides the answer: the same text, another image.
     assert expected[0][1] != expected[3][1]
     with parallel_llm(
         f"keras_hub:{preset}",
         tensor_parallel_size=2,
-        limit_mm_per_prompt={"image": 2},
+        limit_mm_per_prompt=limits,
         enforce_eager=True,
         **engine,
     ) as llm:
         outputs = llm.generate(
-            [request(*prompt) for prompt in prompts], GREEDY, use_tqdm=False
+            [audio.request(*prompt) for prompt in prompts], GREEDY, use_tqdm=False
         )
         reports = llm.collective_rpc(rank_report)
     row = f"{family} + vision encoder"

@@ -1,15 +1,17 @@
-"""Images served through vLLM's multimodal API: a Gemma3n preset.
+"""Images and audio served through vLLM's multimodal API: a Gemma3n preset.
 
 Gemma3n attends causally over its images, so vLLM may split an image's
 tokens over prefill steps as for its own models. One compiled engine with
 chunked prefill (24 tokens a step) and prefix caching serves every test;
-the oracle is the preset's own `generate()` with images
-(`image_oracle.keras_hub_greedy_with_images`).
+the oracle is the preset's own `generate()` with images and audio clips
+(`image_oracle.keras_hub_greedy_with_images`). The preset carries a tiny
+audio encoder and its audio converter, as the published ones do.
 """
 
 import pytest
 from vllm import SamplingParams
 
+from vllm_keras_hub.testing import audio
 from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
@@ -33,7 +35,8 @@ PROMPTS = batch_prompts("<start_of_image>")
 
 @pytest.fixture(scope="module")
 def preset(tmp_path_factory):
-    return build_tiny_vision_preset(str(tmp_path_factory.mktemp("gemma3n_vision")), "gemma3n")
+    directory = str(tmp_path_factory.mktemp("gemma3n_vision"))
+    return build_tiny_vision_preset(directory, "gemma3n", audio=True)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +47,7 @@ def llm(preset):
         enable_chunked_prefill=True,
         max_num_batched_tokens=STEP_TOKENS,
         enable_prefix_caching=True,
-        limit_mm_per_prompt={"image": 2},
+        limit_mm_per_prompt={"image": 2, "audio": 2},
         block_size=16,
     ) as llm:
         yield llm
@@ -82,3 +85,58 @@ def test_the_same_image_again_is_served_from_the_prefix_cache(llm, preset):
     assert_the_second_hits_the_prefix_cache_inside_the_image(
         llm, preset, prompts, expected, GREEDY
     )
+
+
+AUDIO = "<start_of_audio>"
+
+
+def audio_positions(preset, ids):
+    import keras_hub
+
+    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
+    return [i for i, token in enumerate(ids) if token == tokenizer.audio_placeholder_id]
+
+
+def test_audio_in_a_mixed_batch_matches_generate(llm, preset):
+    """Clips padded to the soft-token count (0.4 s) and cut to it (1 s),
+    with an image, two clips, and text alone, in one batch."""
+    row = "gemma3n + vision encoder"
+    support_matrix.record(row, "Gemma3nBackbone", audio="FAIL")
+    prompts = [
+        (f"Listen: {AUDIO} what is it?", [], [audio.noise_clip(0)]),
+        (f"Listen: {AUDIO} what is it?", [], [audio.tone_clip(440)]),
+        (f"Listen: {AUDIO} what is it?", [], [audio.noise_clip(1, seconds=1.0)]),
+        ("Hello there", []),
+        (f"See <start_of_image> hear {AUDIO} now", [random_image(4)], [audio.noise_clip(0)]),
+        (f"two {AUDIO} and {AUDIO} compared", [], [audio.noise_clip(2), audio.tone_clip(300)]),
+    ]
+    expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
+    outputs = llm.generate([audio.request(*p) for p in prompts], GREEDY, use_tqdm=False)
+    assert_tokens(outputs, expected)
+    # Each clip fills its soft tokens, and the clip decides the answer.
+    assert len(audio_positions(preset, expected[5][0])) == 2 * 16
+    assert len({tuple(expected[i][1]) for i in (0, 1, 2)}) == 3
+    support_matrix.record(row, "Gemma3nBackbone", audio="pass")
+
+
+def test_a_clip_split_over_two_prefill_steps(llm, preset):
+    prompt = [(f"Now hear this one: {AUDIO} ok", [], [audio.tone_clip(660)])]
+    expected = keras_hub_greedy_with_images(preset, prompt, MAX_NEW_TOKENS)
+    positions = audio_positions(preset, expected[0][0])
+    assert positions[0] < STEP_TOKENS <= positions[-1]
+    assert_tokens(llm.generate([audio.request(*prompt[0])], GREEDY, use_tqdm=False), expected)
+
+
+def test_the_same_clip_again_is_served_from_the_prefix_cache(llm, preset):
+    """The second prompt's cached blocks end inside the clip."""
+    clip = audio.noise_clip(9)
+    prompts = [
+        (f"Listen to this clip carefully: {AUDIO} what is it?", [], [clip]),
+        (f"Listen to this clip carefully: {AUDIO} and its mood?", [], [clip]),
+    ]
+    expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
+    first = llm.generate([audio.request(*prompts[0])], GREEDY, use_tqdm=False)
+    second = llm.generate([audio.request(*prompts[1])], GREEDY, use_tqdm=False)
+    assert_tokens(first + second, expected)
+    positions = audio_positions(preset, expected[1][0])
+    assert positions[0] < second[0].num_cached_tokens <= positions[-1]

@@ -4,17 +4,19 @@ A real server process for each family's tiny vision preset (Gemma3, Gemma3n,
 and Gemma4 with bidirectional image attention; `vision*_test.py` prove the
 offline engine). The served tokens of a chat message with a data-URI image
 equal the oracle's on the prompt the family's chat format renders: the
-preset's own `generate()`, or Gemma4's full forward. Bad image requests get
-a 400 that names the cause, and the server keeps serving.
+preset's own `generate()`, or Gemma4's full forward. Gemma3n's preset takes
+audio too, as the published ones do: WAV, FLAC and MP3 clips. Bad image and
+audio requests get a 400 that names the cause, and the server keeps serving.
 """
 
 import base64
 import io
-import wave
+import json
 
 import openai
 import pytest
 
+from vllm_keras_hub.testing import audio
 from vllm_keras_hub.testing.image_oracle import gemma4_full_forward_with_images
 from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
 from vllm_keras_hub.testing.images import IMAGES
@@ -37,7 +39,7 @@ FAMILIES = {
     "gemma3n": (
         "<start_of_turn>user\nWhat is in<start_of_image>this picture?"
         "<end_of_turn>\n<start_of_turn>model\n",
-        {},
+        dict(audio=True),
         keras_hub_greedy_with_images,
     ),
     "gemma4": (
@@ -48,6 +50,14 @@ FAMILIES = {
         gemma4_full_forward_with_images,
     ),
 }
+
+# Families whose presets take audio too (Gemma3n's, as published).
+LIMITS = {"gemma3n": {"image": 2, "audio": 1}}
+# Gemma3n's chat format for the audio test's message.
+AUDIO_PROMPT = (
+    "<start_of_turn>user\nWhat is said in<start_of_audio>this clip?"
+    "<end_of_turn>\n<start_of_turn>model\n"
+)
 
 # The prompt each family's chat format renders for a system message and a
 # user message.
@@ -92,12 +102,13 @@ def media(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def client(preset, media):
+def client(preset, media, family):
     port = free_port()
     command = serve_command(
         preset, "--port", str(port), "--served-model-name", MODEL,
         "--max-model-len", "1024", "--dtype", "float32", "--enforce-eager",
-        "--limit-mm-per-prompt", '{"image": 2}', "--allowed-local-media-path", str(media),
+        "--limit-mm-per-prompt", json.dumps(LIMITS.get(family, {"image": 2})),
+        "--allowed-local-media-path", str(media),
     )  # fmt: skip
     with running_server(command, port, model_name=MODEL) as (base_url, _):
         yield openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
@@ -180,15 +191,53 @@ def test_too_many_images_is_a_400(client):
     assert_still_serving(client)
 
 
-def test_audio_is_a_400(client):
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as audio:
-        audio.setnchannels(1)
-        audio.setsampwidth(2)
-        audio.setframerate(16000)
-        audio.writeframes(b"\0\0" * 1600)
-    data = base64.b64encode(buffer.getvalue()).decode()
-    part = {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
-    with pytest.raises(openai.BadRequestError, match="images, not audio"):
+def audio_parts():
+    """One clip as a WAV `input_audio` part, and as FLAC and MP3 `audio_url`
+    data URIs at 22.05 kHz (vLLM resamples them)."""
+    wav = audio.encoded(audio.tone_clip(440), "wav")
+    other = audio.tone_clip(440, rate=22050)
+    parts = [
+        (wav, {"type": "input_audio", "input_audio": {"data": b64(wav), "format": "wav"}})
+    ]
+    for fmt in ("flac", "mp3"):
+        data = audio.encoded(other, fmt, rate=22050)
+        url = f"data:audio/{fmt};base64,{b64(data)}"
+        parts.append((data, {"type": "audio_url", "audio_url": {"url": url}}))
+    return parts
+
+
+def b64(data):
+    return base64.b64encode(data).decode()
+
+
+def test_audio_parts(client, preset, family):
+    """Gemma3n: WAV, FLAC and MP3 clips give the oracle's tokens on the
+    samples vLLM decodes. The others take no audio: a 400 that says so."""
+    for data, part in audio_parts():
+        content = [
+            {"type": "text", "text": "What is said in "},
+            part,
+            {"type": "text", "text": " this clip?"},
+        ]
+        if family not in LIMITS:
+            with pytest.raises(openai.BadRequestError, match="images, not audio"):
+                chat(client, content)
+            continue
+        reply = chat(client, content)
+        clip = audio.decoded(data)
+        if part["type"] == "input_audio":
+            # The WAV file's own samples: at 16 kHz, only quantised to 16 bits.
+            assert abs(clip - audio.tone_clip(440)).max() < 2.0**-14
+        expected = keras_hub_greedy_with_images(
+            preset, [(AUDIO_PROMPT, [], [clip])], MAX_TOKENS
+        )
+        assert reply.prompt_token_ids == expected[0][0]
+        assert reply.choices[0].token_ids == expected[0][1]
+    assert_still_serving(client)
+
+
+def test_an_undecodable_clip_is_a_400(client, family):
+    part = {"type": "input_audio", "input_audio": {"data": b64(b"not audio"), "format": "wav"}}
+    with pytest.raises(openai.BadRequestError):
         chat(client, [part, {"type": "text", "text": "what is said?"}])
     assert_still_serving(client)

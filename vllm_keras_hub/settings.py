@@ -362,7 +362,7 @@ def settle(folder, values, given):
 
     Sets, where the user did not: the `keras_hub` load format, the folder's
     tokenizer mode, whole-image scheduling for images that attend
-    bidirectionally, and on the CPU a fixed KV cache.
+    bidirectionally, PyAV to decode audio, and on the CPU a fixed KV cache.
 
     Args:
         folder: The preset's `ModelFolder`.
@@ -385,6 +385,11 @@ def settle(folder, values, given):
             updates["disable_chunked_mm_input"] = True
         if values.get("scheduler_cls") is None:
             updates["scheduler_cls"] = IMAGE_SCHEDULER
+    media_io = dict(values.get("media_io_kwargs") or {})
+    if folder.audio and "audio" not in media_io:
+        # PyAV, the one decoder the lock pins: vLLM's default tries
+        # torchcodec and soundfile first and logs an error for every clip.
+        updates["media_io_kwargs"] = {**media_io, "audio": {"audio_backend": "pyav"}}
     kv_cache_bytes = default_kv_cache_bytes(
         {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(given)
     )

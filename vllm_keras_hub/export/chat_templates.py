@@ -154,6 +154,20 @@ GEMMA3_TEMPLATE = GEMMA_TEMPLATE.replace(
     {{- '<end_of_turn>\n' }}""",
 )
 
+# Gemma3n's: Gemma 3's, and an audio part renders as `<start_of_audio>`, the
+# placeholder its preprocessor expands (the official template writes the
+# soft token, which Hugging Face's processor expands).
+_GEMMA3_IMAGE_PART = r"""{%- if part['type'] == 'image' %}
+                {{- '<start_of_image>' }}"""
+assert _GEMMA3_IMAGE_PART in GEMMA3_TEMPLATE
+GEMMA3N_TEMPLATE = GEMMA3_TEMPLATE.replace(
+    _GEMMA3_IMAGE_PART,
+    _GEMMA3_IMAGE_PART
+    + r"""
+            {%- elif part['type'] == 'audio' %}
+                {{- '<start_of_audio>' }}""",
+)
+
 # meta-llama/Meta-Llama-3-8B-Instruct. Llama 3.1 and 3.2 templates also
 # write "Cutting Knowledge Date" / "Today Date" lines into the system turn
 # and handle tools; the turns are the same. Every control string here is a
@@ -308,8 +322,7 @@ GPT_OSS_RESPONSE_TEMPLATE = {
 _CHAT_FORMATS = {
     "gemma": _GEMMA,
     "gemma3": ChatFormat(GEMMA3_TEMPLATE, ("<end_of_turn>",)),
-    # Gemma3n's official template is Gemma 3's, images included.
-    "gemma3n": ChatFormat(GEMMA3_TEMPLATE, ("<end_of_turn>",)),
+    "gemma3n": ChatFormat(GEMMA3N_TEMPLATE, ("<end_of_turn>",)),
     # A tool call's turn ends at `<|tool_response>`, where the caller's
     # result goes (the template writes it there, in the model's own turn).
     "gemma4": ChatFormat(

@@ -330,6 +330,30 @@ def test_an_image_part_stands_where_it_is(family_name, expected):
     assert rendered == expected
 
 
+def test_a_gemma3n_audio_part_stands_where_it_is():
+    """As its preprocessor's placeholder; Gemma 3's template takes no audio."""
+    import jinja2
+
+    parts = [
+        {"type": "text", "text": "Hear: "},
+        {"type": "audio"},
+        {"type": "text", "text": " what is it?"},
+    ]
+    rendered = {}
+    for family_name in ("gemma3", "gemma3n"):
+        template = chat_templates.chat_format(family_name).template
+        rendered[family_name] = jinja2.Environment().from_string(template).render(
+            bos_token="<bos>",
+            messages=[{"role": "user", "content": parts}],
+            add_generation_prompt=True,
+        )
+    assert rendered["gemma3n"] == (
+        "<bos><start_of_turn>user\nHear:<start_of_audio>what is it?"
+        "<end_of_turn>\n<start_of_turn>model\n"
+    )
+    assert "<start_of_audio>" not in rendered["gemma3"]
+
+
 def test_every_chat_format_has_turn_end_tokens():
     for family in families.FAMILIES:
         chat_format = chat_templates.chat_format(family.name)

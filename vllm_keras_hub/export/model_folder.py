@@ -112,6 +112,8 @@ class ModelFolder:
         # The image format of a preset served with images (`export/image_format.py`),
         # else `None`.
         self.images = config.get("keras_hub_image")
+        # Its audio format (`export/audio_format.py`), else `None`.
+        self.audio = config.get("keras_hub_audio")
         # A text embedder's pooling (`export/embedder.py`), else `None`.
         self.embedder = config.get("keras_hub_embedder")
         # vLLM's parsers for the chat format's tool calls and thinking

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 
+from vllm_keras_hub.export import audio_format
 from vllm_keras_hub.export import chat_templates
 from vllm_keras_hub.export import embedder as embedder_lib
 from vllm_keras_hub.export import hf_config as config_lib
@@ -263,6 +264,7 @@ def write_model_folder(preset, directory, max_model_len=None):
         dims["max_position_embeddings"] = int(max_model_len)
     chat_format = chat_format_of(preset, family, set(tokenizer.get_vocabulary()))
     stop_ids = stop_token_ids(tokenizer, family.stop_tokens + chat_format.turn_end_tokens)
+    images = image_config.image_fields(preset, family.backbone, backbone_config, tokenizer)
     model_config = config_lib.KerasHubConfig(
         keras_hub_preset=preset,
         keras_hub_family=family.name,
@@ -277,7 +279,10 @@ def write_model_folder(preset, directory, max_model_len=None):
             "architectures": [config_lib.ARCHITECTURE],
             **dims,
             **config_lib.hybrid_fields(backbone_config),
-            **image_config.image_fields(preset, family.backbone, backbone_config, tokenizer),
+            **images,
+            **audio_format.audio_fields(
+                preset, family.backbone, backbone_config, tokenizer, bool(images)
+            ),
         },
     )
     model_config.save_pretrained(directory)

@@ -1,4 +1,4 @@
-"""Images into a KerasHub preset through vLLM's multimodal processor.
+"""Images and audio into a KerasHub preset through vLLM's multimodal processor.
 
 vLLM's front end turns each request's images into model inputs with the
 model's registered processor, before the engine schedules it. Ours does
@@ -14,9 +14,15 @@ parts and no Hugging Face processor:
   `<|image|>` per embedding + `<image|>`) (`expand_placeholders`);
 - vLLM's encoder cache, multimodal prefix-cache hashing and scheduler see
   each image as the span of its soft tokens.
+Audio clips (Gemma3n) go the same way: vLLM decodes and resamples each clip
+to the converter's rate, the preset's `AudioConverter` computes its features
+(`audio.py`), and `<start_of_audio>` expands as the preprocessor expands it
+(`\\n\\n<start_of_audio>` + one soft token per embedding +
+`<end_of_audio>\\n\\n`).
 
-`config.json` carries the image format (`export/image_format.py`). The model
-class (`vision.py`) runs the vision encoder and merges its embeddings.
+`config.json` carries the image and audio formats (`export/image_format.py`,
+`export/audio_format.py`). The model class (`vision.py`) runs the encoders
+and merges their embeddings.
 """
 
 import functools
@@ -27,6 +33,11 @@ from vllm.multimodal.processing.processor import BaseMultiModalProcessor
 from vllm.multimodal.processing.processor import BaseProcessingInfo
 from vllm.multimodal.processing.processor import PromptReplacement
 from vllm.multimodal.processing.processor import PromptUpdateDetails
+
+from vllm_keras_hub.vllm_fixes.audio_integer_samples import scale_integer_samples
+
+# The front end decodes clips where this processor runs, before it runs.
+scale_integer_samples()
 
 
 @functools.lru_cache(maxsize=4)
@@ -75,17 +86,21 @@ def _cuts_patches(converter):
     return isinstance(converter, Gemma4ImageConverter)
 
 
-def image_span(vocab, image):
-    """The token ids one image's placeholder expands to, newlines aside."""
-    return (
-        [vocab[image["start_token"]]]
-        + [vocab[image["image_token"]]] * image["tokens_per_image"]
-        + [vocab[image["end_token"]]]
-    )
+def soft_token(media):
+    """The soft token and its count per item of an image or audio format."""
+    if "audio_token" in media:
+        return media["audio_token"], media["tokens_per_clip"]
+    return media["image_token"], media["tokens_per_image"]
 
 
-def expand_placeholders(token_ids, tokenizer, image):
-    """The prompt's ids with each image placeholder expanded as KerasHub does.
+def media_span(vocab, media):
+    """The token ids one item's placeholder expands to, newlines aside."""
+    token, count = soft_token(media)
+    return [vocab[media["start_token"]]] + [vocab[token]] * count + [vocab[media["end_token"]]]
+
+
+def expand_placeholders(token_ids, tokenizer, *formats):
+    """The prompt's ids with each media placeholder expanded as KerasHub does.
 
     KerasHub replaces each placeholder in the prompt's text, then tokenizes
     the result whole (e.g. `Gemma3CausalLMPreprocessor`), so the expansion's
@@ -98,19 +113,21 @@ def expand_placeholders(token_ids, tokenizer, image):
     Args:
         token_ids: The prompt's token ids.
         tokenizer: vLLM's tokenizer of the preset.
-        image: The preset's `keras_hub_image` config.
+        *formats: The preset's `keras_hub_image` (and `keras_hub_audio`)
+            configs.
 
     Returns:
         The expanded token ids.
     """
     vocab = tokenizer.get_vocab()
-    placeholder = vocab[image["placeholder"]]
-    span = image_span(vocab, image)
-    newlines = image["newlines"]
-    if not newlines:
+    spans = {
+        vocab[media["placeholder"]]: (media["newlines"], media_span(vocab, media))
+        for media in formats
+    }
+    if not any(newlines for newlines, _ in spans.values()):
         new_ids = []
         for token in token_ids:
-            new_ids += span if token == placeholder else [token]
+            new_ids += spans[token][1] if token in spans else [token]
         return new_ids
     atomic = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
     pieces, run = [], []
@@ -121,7 +138,8 @@ def expand_placeholders(token_ids, tokenizer, image):
         if run:
             pieces.append(tokenizer.decode(run, skip_special_tokens=False))
             run = []
-        if token == placeholder:
+        if token in spans:
+            newlines, span = spans[token]
             pieces += [newlines, span, newlines]
         elif token is not None:
             pieces.append([token])
@@ -137,14 +155,46 @@ def expand_placeholders(token_ids, tokenizer, image):
     return new_ids
 
 
+# How an error names what a preset takes.
+_NAMES = {"image": "images", "audio": "audio"}
+
+
 class KerasHubProcessingInfo(BaseProcessingInfo):
-    """The preset's image format, from its `config.json`."""
+    """The preset's image and audio formats, from its `config.json`."""
 
     @property
     def image(self):
         from vllm_keras_hub.export.image_format import read_image_format
 
         return read_image_format(self.get_hf_config())
+
+    @property
+    def audio(self):
+        """The audio format, or `None` for a preset served without audio."""
+        from vllm_keras_hub.export.audio_format import read_audio_format
+
+        return read_audio_format(self.get_hf_config())
+
+    @property
+    def formats(self):
+        """Each served modality's format, by modality."""
+        formats = {"image": self.image}
+        if self.audio is not None:
+            formats["audio"] = self.audio
+        return formats
+
+    def get_data_parser(self):
+        from vllm.multimodal.parse import MultiModalDataParser
+
+        # vLLM resamples each clip to the converter's rate, with PyAV: the
+        # one resampler the lock installs (its default needs torchaudio).
+        audio = self.audio
+        return MultiModalDataParser(
+            target_sr=audio["sampling_rate"] if audio else None,
+            audio_resample_method="pyav",
+            expected_hidden_size=self._get_expected_hidden_size(),
+            allow_missing_mm_embeddings=self.allow_missing_mm_embeddings,
+        )
 
     def get_hf_processor(self, **kwargs):
         raise NotImplementedError(
@@ -153,17 +203,18 @@ class KerasHubProcessingInfo(BaseProcessingInfo):
         )
 
     def get_supported_mm_processor_kwargs(self):
-        return {"text_kwargs": set(), "images_kwargs": set()}
+        return {"text_kwargs": set(), "images_kwargs": set(), "audio_kwargs": set()}
 
     def get_supported_mm_limits(self):
-        return {"image": None}
+        return {modality: None for modality in self.formats}
 
     def validate_num_items(self, modality, num_items):
-        if modality != "image" and num_items:
+        if modality not in self.formats and num_items:
             from vllm.exceptions import VLLMValidationError
 
+            served = " and ".join(_NAMES[served] for served in self.formats)
             raise VLLMValidationError(
-                f"This KerasHub preset takes images, not {modality}: "
+                f"This KerasHub preset takes {served}, not {modality}: "
                 f"{modality} input is not served.",
                 parameter=modality,
             )
@@ -171,19 +222,24 @@ class KerasHubProcessingInfo(BaseProcessingInfo):
 
     def get_mm_max_tokens_per_item(self, seq_len, mm_counts):
         # The placeholder's tokens, its start and end markers included:
-        # vLLM checks that a step's token budget holds one whole image.
-        return {"image": self.image["tokens_per_image"] + 2}
+        # vLLM checks that a step's token budget holds one whole item.
+        return {
+            modality: soft_token(media)[1] + 2 for modality, media in self.formats.items()
+        }
 
 
 class KerasHubDummyInputsBuilder(BaseDummyInputsBuilder[KerasHubProcessingInfo]):
     """Profiling inputs: placeholders and images of the encoder's size."""
 
     def get_dummy_text(self, mm_counts):
-        return self.info.image["placeholder"] * mm_counts.get("image", 0)
+        return "".join(
+            media["placeholder"] * mm_counts.get(modality, 0)
+            for modality, media in self.info.formats.items()
+        )
 
     def get_dummy_mm_data(self, seq_len, mm_counts, mm_options):
         size = self.info.image["image_size"]
-        return {
+        data = {
             "image": self._get_dummy_images(
                 width=size,
                 height=size,
@@ -191,35 +247,57 @@ class KerasHubDummyInputsBuilder(BaseDummyInputsBuilder[KerasHubProcessingInfo])
                 overrides=mm_options.get("image"),
             )
         }
+        audio = self.info.audio
+        if audio is not None:
+            data["audio"] = self._get_dummy_audios(
+                length=audio["max_samples"],
+                num_audios=mm_counts.get("audio", 0),
+                overrides=mm_options.get("audio"),
+            )
+        return data
 
 
 class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo]):
-    """Pixels from the preset's converter; placeholders expanded as KerasHub does."""
+    """Pixels and audio features from the preset's converters; placeholders
+    expanded as KerasHub does."""
 
     def _call_hf_processor(self, hf_data, hf_kwargs):
         from transformers.feature_extraction_utils import BatchFeature
 
+        from vllm_keras_hub.models.audio import to_features
+
         preset = self.info.get_hf_config().keras_hub_preset
-        return BatchFeature(to_pixels(preset, hf_data["images"]))
+        outputs = {}
+        if hf_data.get("images"):
+            outputs.update(to_pixels(preset, hf_data["images"]))
+        if hf_data.get("audio"):
+            outputs.update(to_features(preset, hf_data["audio"]))
+        return BatchFeature(outputs)
 
     def _get_mm_fields_config(self, hf_inputs, hf_processor_mm_kwargs):
         from vllm.multimodal.inputs import MultiModalFieldConfig
 
-        return {key: MultiModalFieldConfig.batched("image") for key in hf_inputs}
+        return {
+            key: MultiModalFieldConfig.batched(
+                "audio" if key.startswith("input_features") else "image"
+            )
+            for key in hf_inputs
+        }
 
     def _get_prompt_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs):
-        image = self.info.image
         vocab = self.info.get_tokenizer().get_vocab()
-        soft_token = vocab[image["image_token"]]
-        span = image_span(vocab, image)
         return [
             PromptReplacement(
-                modality="image",
-                target=[vocab[image["placeholder"]]],
-                replacement=PromptUpdateDetails.select_token_id(span, soft_token),
+                modality=modality,
+                target=[vocab[media["placeholder"]]],
+                replacement=PromptUpdateDetails.select_token_id(
+                    media_span(vocab, media), vocab[soft_token(media)[0]]
+                ),
             )
+            for modality, media in self.info.formats.items()
         ]
 
     def _apply_prompt_updates(self, token_ids, mm_prompt_updates):
-        new_ids = expand_placeholders(token_ids, self.info.get_tokenizer(), self.info.image)
+        formats = self.info.formats.values()
+        new_ids = expand_placeholders(token_ids, self.info.get_tokenizer(), *formats)
         return new_ids, self._find_mm_placeholders(new_ids, mm_prompt_updates)

@@ -36,10 +36,13 @@ from vllm.model_executor.models.interfaces import SupportsMultiModal  # noqa: E4
 from vllm.model_executor.models.utils import _merge_multimodal_embeddings  # noqa: E402
 from vllm.multimodal import MULTIMODAL_REGISTRY  # noqa: E402
 
+from vllm_keras_hub.export.audio_format import read_audio_format  # noqa: E402
 from vllm_keras_hub.export.image_format import read_image_format  # noqa: E402
 from vllm_keras_hub.layers import image_attention  # noqa: E402
 from vllm_keras_hub.layers.attention import token_embedding  # noqa: E402
 from vllm_keras_hub.layers.attention import transformer_layers  # noqa: E402
+from vllm_keras_hub.models.audio import embed_clip  # noqa: E402
+from vllm_keras_hub.models.audio import to_features  # noqa: E402
 from vllm_keras_hub.models.causal import KerasHubForCausalLM  # noqa: E402
 from vllm_keras_hub.models.multimodal import KerasHubDummyInputsBuilder  # noqa: E402
 from vllm_keras_hub.models.multimodal import KerasHubMultiModalProcessor  # noqa: E402
@@ -68,18 +71,24 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
     placeholder = None
     family_name = None
 
+    # The same for an audio part, where the family takes audio (Gemma3n).
+    audio_placeholder = None
+
     @classmethod
     def get_placeholder_str(cls, modality, i):
         if modality.startswith("image"):
             return cls.placeholder
+        if modality.startswith("audio") and cls.audio_placeholder:
+            return cls.audio_placeholder
+        served = "images and audio" if cls.audio_placeholder else "images"
         raise ValueError(
-            f"KerasHub {cls.family_name} presets take images, not {modality}: "
-            "send image parts only."
+            f"KerasHub {cls.family_name} presets take {served}, not {modality}."
         )
 
     def __init__(self, *, vllm_config, prefix=""):
         # Before the base class checks the engine settings against it.
         self.image = read_image_format(vllm_config.model_config.hf_config)
+        self.audio = read_audio_format(vllm_config.model_config.hf_config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
 
     def load_preset(self, lora_weights=None):
@@ -106,6 +115,8 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
             return
         with torch.inference_mode():
             self.embed_multimodal(**self._smallest_image())
+            if self.audio is not None:
+                self.embed_multimodal(**to_features(self.preset, [torch.zeros(3200).numpy()]))
 
     def _smallest_image(self):
         """The cheapest input the encoder takes: an image of its size."""
@@ -120,16 +131,21 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
         return self
 
     def embed_multimodal(self, **fields):
-        """The preset's vision encoder on a batch of images.
+        """The preset's vision encoder on a batch of images, or its audio
+        encoder on a batch of clips (vLLM batches one modality a call).
 
         Args:
             **fields: `pixel_values` (and Gemma4's `pixel_position_ids`),
                 one row per image, from the preset's image converter
-                (`multimodal.to_pixels`).
+                (`multimodal.to_pixels`); or `input_features` and
+                `input_features_mask`, one per clip (`audio.to_features`).
 
         Returns:
-            One `(tokens_per_image, hidden_size)` tensor per image.
+            One `(tokens_per_image, hidden_size)` tensor per image, or
+            `(tokens_per_clip, hidden_size)` per clip.
         """
+        if "input_features" in fields:
+            return self._embed_clips(fields["input_features"], fields["input_features_mask"])
         pixel_values = fields.get("pixel_values")
         if pixel_values is None:
             return []
@@ -138,6 +154,13 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
             for key, value in fields.items()
         }
         return tuple(self._encode(**fields).to(self._dtype))
+
+    def _embed_clips(self, features, masks):
+        token_id, count = self.backbone.audio_token_id, self.audio["tokens_per_clip"]
+        return tuple(
+            embed_clip(self.backbone, f, m, token_id, count).to(self._dtype)
+            for f, m in zip(features, masks, strict=True)
+        )
 
     def embed_input_ids(
         self,
@@ -184,6 +207,7 @@ class KerasHubGemma3nVisionForCausalLM(_KerasHubImages):
     """A KerasHub Gemma3n preset (its vision encoder: MobileNet-v5)."""
 
     placeholder = "<start_of_image>"
+    audio_placeholder = "<start_of_audio>"
     family_name = "Gemma3n"
 
     def _check_backbone(self, backbone):

@@ -55,8 +55,33 @@ def _pixels(converter, images):
     return {key: np.stack([o[key] for o in outputs])[None] for key in outputs[0]}
 
 
-def image_prompt_inputs(causal_lm, tokenizer, converter, text, images, max_new_tokens):
-    """One prompt with images as the family's `CausalLMPreprocessor` prepares it.
+def _audio_expansion(causal_lm, tokenizer):
+    count = causal_lm.backbone.audio_soft_tokens_per_image
+    return tokenizer.start_of_audio_token, (
+        f"\n\n{tokenizer.start_of_audio_token}"
+        + tokenizer.audio_placeholder * count
+        + f"{tokenizer.end_of_audio_token}\n\n"
+    )
+
+
+def _audio_inputs(preset, clips):
+    """Gemma3n's audio inputs of a batch of one: each clip's features alone
+    (`models/audio.py`), so clips of one prompt must be of one length."""
+    from vllm_keras_hub.models.audio import _audio_converter
+    from vllm_keras_hub.models.audio import clip_features
+
+    pairs = [clip_features(_audio_converter(preset), clip) for clip in clips]
+    return {
+        "input_features": np.stack([f for f, _ in pairs])[None],
+        "input_features_mask": np.stack([m for _, m in pairs])[None],
+    }
+
+
+def image_prompt_inputs(
+    causal_lm, tokenizer, converter, text, images, max_new_tokens, clips=(), preset=None
+):
+    """One prompt with images (and Gemma3n's audio clips) as the family's
+    `CausalLMPreprocessor` prepares it.
 
     Returns:
         `(prompt_ids, inputs)`: `inputs` for `generate()`'s function, or the
@@ -64,6 +89,9 @@ def image_prompt_inputs(causal_lm, tokenizer, converter, text, images, max_new_t
     """
     placeholder, expansion = _expansion(causal_lm, tokenizer, converter)
     text = text.replace(placeholder, expansion)
+    if clips:
+        placeholder, expansion = _audio_expansion(causal_lm, tokenizer)
+        text = text.replace(placeholder, expansion)
     ids = [tokenizer.start_token_id]
     ids += keras.ops.convert_to_numpy(tokenizer(text)).tolist()
     token_ids = np.zeros((1, len(ids) + max_new_tokens), "int32")
@@ -82,6 +110,8 @@ def image_prompt_inputs(causal_lm, tokenizer, converter, text, images, max_new_t
         inputs["images"] = np.zeros((1, 0, size, size, 3), "float32")
         inputs["vision_mask"] = np.zeros_like(token_ids, "int32")
         inputs["vision_indices"] = np.zeros((1, 0), "int32")
+    if clips:
+        inputs.update(_audio_inputs(preset, clips))
     return ids, {key: keras.ops.convert_to_tensor(v) for key, v in inputs.items()}
 
 
@@ -106,7 +136,9 @@ def keras_hub_greedy_with_images(preset, prompts, max_new_tokens):
 
     Args:
         preset: A Gemma3, Gemma3n or Gemma4 preset with a vision encoder.
-        prompts: `(text, images)` pairs; `images` a list of PIL images.
+        prompts: `(text, images)` pairs; `images` a list of PIL images. A
+            Gemma3n preset with audio also takes `(text, images, clips)`,
+            `clips` a list of 16 kHz sample arrays of one length.
         max_new_tokens: Tokens to generate per prompt.
 
     Returns:
@@ -116,9 +148,16 @@ def keras_hub_greedy_with_images(preset, prompts, max_new_tokens):
     causal_lm.compile(sampler="greedy")
     generate_function = causal_lm.make_generate_function()
     results = []
-    for text, images in prompts:
+    for text, images, *clips in prompts:
         ids, inputs = image_prompt_inputs(
-            causal_lm, tokenizer, converter, text, images, max_new_tokens
+            causal_lm,
+            tokenizer,
+            converter,
+            text,
+            images,
+            max_new_tokens,
+            clips=clips[0] if clips else (),
+            preset=preset,
         )
         outputs = generate_function(inputs, stop_token_ids=None)
         generated = keras.ops.convert_to_numpy(outputs["token_ids"])[0]

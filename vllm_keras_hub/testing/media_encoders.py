@@ -82,13 +82,14 @@ def _qwen3_5_vision_encoder(vocabulary_size):
     )
 
 
-def _gemma3n_audio_encoder(vocabulary_size):
+def tiny_gemma3n_audio_encoder():
+    """Gemma3nBackbone's docstring example, with the encoder's argument
+    names: 32 mel bins, 4x fewer frames out than in."""
     from keras_hub.src.models.gemma3n.gemma3n_audio_encoder import (
         Gemma3nAudioEncoder,
     )
 
-    # Gemma3nBackbone's docstring example, with the encoder's argument names.
-    encoder = Gemma3nAudioEncoder(
+    return Gemma3nAudioEncoder(
         hidden_size=8,
         input_feat_size=32,
         sscp_conv_channel_size=[4, 8],
@@ -107,6 +108,10 @@ def _gemma3n_audio_encoder(vocabulary_size):
         conv_kernel_size=5,
         reduction_factor=1,
     )
+
+
+def _gemma3n_audio_encoder(vocabulary_size):
+    encoder = tiny_gemma3n_audio_encoder()
     # As in the published presets, the audio soft tokens are the vocabulary's
     # last ids (the embedding processor embeds them with the audio embedder).
     return dict(
@@ -129,7 +134,7 @@ MULTIMODAL = {
 # Images served by their own tests (`vision_test.py`): tiny encoders of the
 # published presets' kind, and the backbone arguments that give the image
 # tokens their ids. Each takes the preset's tokenizer.
-def _gemma3n_images(tokenizer):
+def _gemma3n_images(tokenizer, audio=False):
     from keras_hub.src.models.mobilenetv5.mobilenetv5_builder import (
         convert_arch_def_to_stackwise,
     )
@@ -160,7 +165,9 @@ def _gemma3n_images(tokenizer):
     # (here, with it, most of the text's too): ids from there on get the
     # per-layer embedding of id 0.
     offset = tokenizer.token_to_id("<end_of_image>")
+    media = dict(_gemma3n_audio(tokenizer)) if audio else {}
     return dict(
+        media,
         vocab_size_per_layer_input=offset,
         vision_encoder_config=encoder,
         vision_hidden_size=32,
@@ -168,6 +175,23 @@ def _gemma3n_images(tokenizer):
         vision_vocab_size=2,
         vision_soft_tokens_per_image=16,
         image_token_id=tokenizer.image_placeholder_id,
+    )
+
+
+def _gemma3n_audio(tokenizer):
+    # As published, the audio vocabulary starts at `<end_of_audio>`, right
+    # after the vision vocabulary, and runs to the end of the vocabulary:
+    # here, through the text pieces too, which it then embeds (in KerasHub
+    # and here alike). 16 soft tokens per clip: a 0.4 s clip's 10
+    # embeddings are padded to them, a 1 s clip's 24 cut.
+    offset = tokenizer.token_to_id("<end_of_audio>")
+    return dict(
+        audio_encoder_config=tiny_gemma3n_audio_encoder().get_config(),
+        audio_hidden_size=8,
+        audio_vocab_offset=offset,
+        audio_vocab_size=tokenizer.vocabulary_size() - offset,
+        audio_soft_tokens_per_image=16,
+        audio_token_id=tokenizer.audio_placeholder_id,
     )
 
 

@@ -75,14 +75,17 @@ class Shared:
         )
 
     def vision_preset(self, family="gemma3", bidirectional=False):
-        """The tiny preset with a served vision encoder and image converter."""
+        """The tiny preset with a served vision encoder and image converter
+        (Gemma3n's with its audio encoder and converter too, as published)."""
         from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
 
+        audio = family == "gemma3n"
         name = f"presets/{family}-vision" + ("-bidirectional" if bidirectional else "")
+        name += "-audio" if audio else ""
         return self._made_once(
             name,
             lambda path: build_tiny_vision_preset(
-                path, family=family, bidirectional=bidirectional
+                path, family=family, bidirectional=bidirectional, audio=audio
             ),
         )
 

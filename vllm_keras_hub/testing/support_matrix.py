@@ -2,7 +2,7 @@
 
 `model_test.py` records each tiny preset's parity results and the attention
 features its served model used (`parallel_test.py` the parallel columns,
-`vision*_test.py` the images column); `conftest.py` writes the table to
+`vision*_test.py` the images and audio columns); `conftest.py` writes the table to
 `build/test-reports/support_matrix.md` when the session ends, and
 `scripts/update-reports` copies it into docs/supported-families.md.
 """
@@ -15,7 +15,7 @@ from vllm_keras_hub.settings import TENSOR_REFUSALS
 RESULTS = {}
 COLUMNS = (
     "batched", "chunked", "prefix_cache", "compiled", "tp2", "pp2", "window", "soft_cap",
-    "sinks", "moe", "images",
+    "sinks", "moe", "images", "audio",
 )
 
 
@@ -56,8 +56,8 @@ def render():
         "chunked prefill | greedy parity, prefix-cache hit | greedy parity, compiled | "
         "greedy parity, 2 ranks (tensor parallel) | greedy parity, 2 stages (pipeline "
         "parallel) | sliding window | soft cap | sinks | MoE | images, greedy parity | "
-        "chat format |",
-        "| --- " * 15 + "|",
+        "audio, greedy parity | chat format |",
+        "| --- " * 16 + "|",
     ]
     tested = set()
     for name, result in sorted(RESULTS.items()):

@@ -23,7 +23,7 @@ def _image_converter(family, size):
 
 
 def build_tiny_vision_preset(
-    directory, family="gemma3", seed=0, image_weight=30.0, bidirectional=False
+    directory, family="gemma3", seed=0, image_weight=30.0, bidirectional=False, audio=False
 ):
     """A tiny preset with a vision encoder and an image converter.
 
@@ -39,6 +39,8 @@ def build_tiny_vision_preset(
             norm, and their images are strong enough as they are.
         bidirectional: Gemma4 only: `use_vision_bidirectional_attention`,
             as the published 26B and 31B presets have it.
+        audio: Gemma3n only: with a tiny audio encoder and the preset's
+            audio converter too, as the published presets have them.
 
     Returns:
         `directory`.
@@ -48,6 +50,8 @@ def build_tiny_vision_preset(
     images = None
     if family != "gemma3":  # Gemma3's `MULTIMODAL` encoder takes images.
         images = dict(bidirectional=bidirectional) if family == "gemma4" else {}
+        if audio:
+            images = dict(audio=True)
     build_tiny_preset(
         family, directory, seed=seed, multimodal=family == "gemma3", images=images
     )
@@ -64,4 +68,33 @@ def build_tiny_vision_preset(
     elif family == "gemma3n":
         size = 64
     _image_converter(family, size).save_to_preset(directory)
+    if audio:
+        _audio_converter().save_to_preset(directory)
     return directory
+
+
+def _audio_converter():
+    from keras_hub.src.models.gemma3n.gemma3n_audio_converter import (
+        Gemma3nAudioConverter,
+    )
+
+    # The published presets' settings, with the tiny encoder's 32 mel bins.
+    return Gemma3nAudioConverter(
+        feature_size=32,
+        sampling_rate=16000,
+        padding_value=0.0,
+        return_attention_mask=True,
+        frame_length_ms=32.0,
+        hop_length_ms=10.0,
+        min_frequency=125.0,
+        max_frequency=7600.0,
+        preemphasis=0.97,
+        preemphasis_htk_flavor=True,
+        fft_overdrive=True,
+        dither=0.0,
+        input_scale_factor=1.0,
+        mel_floor=1e-5,
+        per_bin_mean=None,
+        per_bin_stddev=None,
+        padding_side="right",
+    )
