@@ -236,6 +236,41 @@ def test_audio_parts(client, preset, family):
     assert_still_serving(client)
 
 
+TRANSCRIBE_PROMPT = (
+    "<start_of_turn>user\nTranscribe this audio: <start_of_audio><end_of_turn>\n"
+    "<start_of_turn>model\n"
+)
+
+
+def test_a_transcription(client, preset, family):
+    """Gemma3n: `/v1/audio/transcriptions` answers with the text of the
+    oracle's tokens on vLLM's fixed transcription prompt, to the first
+    stop token. The others offer no transcription."""
+    import keras_hub
+
+    wav = audio.encoded(audio.tone_clip(550), "wav")
+    request = dict(model=MODEL, file=("clip.wav", wav), temperature=0.0)
+    if family not in LIMITS:
+        with pytest.raises(openai.APIStatusError):
+            client.audio.transcriptions.create(**request)
+        assert_still_serving(client)
+        return
+    reply = client.audio.transcriptions.create(
+        **request, extra_body={"max_completion_tokens": MAX_TOKENS}
+    )
+    expected = keras_hub_greedy_with_images(
+        preset, [(TRANSCRIBE_PROMPT, [], [audio.decoded(wav)])], MAX_TOKENS
+    )[0][1]
+    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
+    stops = {tokenizer.end_token_id, tokenizer.token_to_id("<end_of_turn>")}
+    kept = []
+    for token in expected:
+        if token in stops:
+            break
+        kept.append(token)
+    assert len(kept) > 1 and reply.text == tokenizer.detokenize(kept)
+
+
 def test_an_undecodable_clip_is_a_400(client, family):
     part = {"type": "input_audio", "input_audio": {"data": b64(b"not audio"), "format": "wav"}}
     with pytest.raises(openai.BadRequestError):

@@ -20,6 +20,8 @@ alone, they are what `generate()` gives a prompt with that clip.
 import functools
 
 import torch
+from vllm.model_executor.models.interfaces import SupportsTranscription
+from vllm.model_executor.models.whisper_utils import ISO639_1_SUPPORTED_LANGS
 
 
 @functools.lru_cache(maxsize=4)
@@ -101,3 +103,52 @@ def embed_clip(backbone, features, mask, audio_token_id, tokens_per_clip):
         }
     )
     return embeddings[0]
+
+
+class Gemma3nTranscription(SupportsTranscription):
+    """`/v1/audio/transcriptions` (and translations) for Gemma3n presets.
+
+    Gemma3n transcribes from a free-form prompt. vLLM's own Gemma3n fixes
+    it as below; here the clip's placeholder is KerasHub's,
+    `<start_of_audio>`, which expands as for any prompt. A clip is cut at
+    the converter's 30 s, as KerasHub cuts it, and not split.
+    """
+
+    supported_languages = ISO639_1_SUPPORTED_LANGS
+
+    @classmethod
+    def get_generation_prompt(cls, stt_params):
+        from vllm.inputs import TextPrompt
+
+        language = cls.supported_languages.get(stt_params.language or "", "")
+        to_language = cls.supported_languages.get(stt_params.to_language or "", "")
+        transcribe = stt_params.task_type == "transcribe"
+        prompt = "<start_of_turn>user\n"
+        prompt += "Transcribe this audio" if transcribe else "Translate this audio"
+        if transcribe and language:
+            prompt += f" into {language}"
+        elif not transcribe:
+            prompt += f" from {language}" if language else ""
+            prompt += f" into {to_language}" if to_language else ""
+        prompt += ": <start_of_audio><end_of_turn>\n<start_of_turn>model\n"
+        rate = stt_params.stt_config.sample_rate
+        return TextPrompt(prompt=prompt, multi_modal_data={"audio": (stt_params.audio, rate)})
+
+    @classmethod
+    def get_speech_to_text_config(cls, model_config, task_type):
+        from vllm.config import SpeechToTextConfig
+
+        from vllm_keras_hub.export.audio_format import read_audio_format
+
+        audio = read_audio_format(model_config.hf_config)
+        if audio is None:
+            raise ValueError(
+                "This Gemma3n preset has no audio encoder or audio converter: "
+                "it transcribes nothing."
+            )
+        rate = audio["sampling_rate"]
+        return SpeechToTextConfig(
+            sample_rate=rate,
+            max_audio_clip_s=audio["max_samples"] // rate,
+            min_energy_split_window_size=None,
+        )

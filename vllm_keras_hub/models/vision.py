@@ -41,6 +41,7 @@ from vllm_keras_hub.export.image_format import read_image_format  # noqa: E402
 from vllm_keras_hub.layers import image_attention  # noqa: E402
 from vllm_keras_hub.layers.attention import token_embedding  # noqa: E402
 from vllm_keras_hub.layers.attention import transformer_layers  # noqa: E402
+from vllm_keras_hub.models.audio import Gemma3nTranscription  # noqa: E402
 from vllm_keras_hub.models.audio import embed_clip  # noqa: E402
 from vllm_keras_hub.models.audio import to_features  # noqa: E402
 from vllm_keras_hub.models.causal import KerasHubForCausalLM  # noqa: E402
@@ -203,7 +204,7 @@ class KerasHubVisionForCausalLM(_KerasHubImages):
 
 
 @_register
-class KerasHubGemma3nVisionForCausalLM(_KerasHubImages):
+class KerasHubGemma3nVisionForCausalLM(_KerasHubImages, Gemma3nTranscription):
     """A KerasHub Gemma3n preset (its vision encoder: MobileNet-v5)."""
 
     placeholder = "<start_of_image>"
