@@ -212,7 +212,7 @@ class KerasHubProcessingInfo(BaseProcessingInfo):
         if modality not in self.formats and num_items:
             from vllm.exceptions import VLLMValidationError
 
-            served = " and ".join(_NAMES[served] for served in self.formats)
+            served = " and ".join(_NAMES[name] for name in self.formats)
             raise VLLMValidationError(
                 f"This KerasHub preset takes {served}, not {modality}: "
                 f"{modality} input is not served.",

@@ -1,4 +1,5 @@
-"""The vLLM model classes of presets served with images, one per family.
+"""The vLLM model classes of presets served with images (and Gemma3n's
+audio), one per family.
 
 vLLM serves a `SupportsMultiModal` model in three calls per step: its
 encoder cache asks `embed_multimodal` for each new image's embeddings,
@@ -14,7 +15,8 @@ take the image tokens' places as its backbone places them:
   features scaled by sqrt(features) and embedded by the vision embedder;
   the text embeddings (and its vision vocabulary's hard embeddings) are the
   processor's own. The per-layer inputs are projected from the merged
-  embeddings (`text_forward.py`). Causal.
+  embeddings (`text_forward.py`). Causal. It takes audio clips too, each
+  embedded by the same processor (`audio.py`).
 - Gemma4 (`Gemma4Backbone`): its ViT, each image encoded alone; the images
   scaled by 1/sqrt(hidden), merged, then all scaled by sqrt(hidden); the
   per-layer token ids zero at image tokens (`is_multimodal`). With
@@ -31,6 +33,7 @@ require_torch_backend()
 
 import math  # noqa: E402
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from vllm.model_executor.models.interfaces import SupportsMultiModal  # noqa: E402
 from vllm.model_executor.models.utils import _merge_multimodal_embeddings  # noqa: E402
@@ -117,7 +120,7 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
         with torch.inference_mode():
             self.embed_multimodal(**self._smallest_image())
             if self.audio is not None:
-                self.embed_multimodal(**to_features(self.preset, [torch.zeros(3200).numpy()]))
+                self.embed_multimodal(**to_features(self.preset, [np.zeros(3200, "float32")]))
 
     def _smallest_image(self):
         """The cheapest input the encoder takes: an image of its size."""
