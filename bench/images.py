@@ -3,6 +3,7 @@
     .venv/bin/python bench/images.py                     # Gemma3, about 5 min
     .venv/bin/python bench/images.py --family gemma3n    # about 5 min
     .venv/bin/python bench/images.py --family gemma4     # about 10 min
+    .venv/bin/python bench/images.py --family gemma3n_audio  # one 10 s clip
     .venv/bin/python bench/images.py --quick             # smoke run
 
 A random-weight preset of each family, float32, made once under
@@ -44,6 +45,7 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 PROMPTS = {
     "gemma3": "<start_of_image> Describe this image in one word.",
     "gemma3n": "<start_of_image> Describe this image in one word.",
+    "gemma3n_audio": "<start_of_audio> Transcribe this clip.",
     "gemma4": "<|image|> Describe this image in one word.",
 }
 SYSTEMS = ("keras_hub", "keras_generate")
@@ -92,6 +94,46 @@ def _gemma3n(tokenizer):
     return keras_hub.models.Gemma3nCausalLM(backbone=backbone, preprocessor=None), converter
 
 
+def _gemma3n_audio(tokenizer):
+    """`_gemma3n`'s preset with an audio encoder of the published size (its
+    Hugging Face config's defaults: 12 conformer layers, hidden 1536) and
+    the published converter's settings; 188 soft tokens per clip."""
+    from transformers import Gemma3nAudioConfig
+
+    from vllm_keras_hub.testing.vision_presets import _audio_converter
+
+    causal_lm, _ = _gemma3n(tokenizer)
+    hf = Gemma3nAudioConfig()
+    audio = dict(
+        hidden_size=hf.hidden_size, input_feat_size=hf.input_feat_size,
+        sscp_conv_channel_size=hf.sscp_conv_channel_size,
+        sscp_conv_kernel_size=hf.sscp_conv_kernel_size,
+        sscp_conv_stride_size=hf.sscp_conv_stride_size,
+        sscp_conv_group_norm_eps=hf.sscp_conv_group_norm_eps,
+        num_hidden_layers=hf.conf_num_hidden_layers, rms_norm_eps=hf.rms_norm_eps,
+        gradient_clipping=hf.gradient_clipping, residual_weight=hf.conf_residual_weight,
+        num_attention_heads=hf.conf_num_attention_heads,
+        attention_chunk_size=hf.conf_attention_chunk_size,
+        num_attention_context_right=hf.conf_attention_context_right,
+        num_attention_context_left=hf.conf_attention_context_left,
+        attention_logit_cap=hf.conf_attention_logit_cap,
+        conv_kernel_size=hf.conf_conv_kernel_size, reduction_factor=hf.conf_reduction_factor,
+    )  # fmt: skip
+    offset = tokenizer.token_to_id("<end_of_audio>")
+    config = dict(
+        causal_lm.backbone.get_config(), audio_encoder_config=audio,
+        audio_hidden_size=hf.hidden_size, audio_vocab_offset=offset,
+        audio_vocab_size=tokenizer.vocabulary_size() - offset,
+        audio_soft_tokens_per_image=188, audio_token_id=tokenizer.audio_placeholder_id,
+    )  # fmt: skip
+    backbone = type(causal_lm.backbone).from_config(config)
+    converter = _audio_converter()
+    converter = type(converter).from_config(
+        dict(converter.get_config(), feature_size=hf.input_feat_size)
+    )
+    return type(causal_lm)(backbone=backbone, preprocessor=None), converter
+
+
 def _gemma4(tokenizer):
     import keras_hub
     from keras_hub.src.models.gemma4.gemma4_image_converter import Gemma4ImageConverter
@@ -117,17 +159,40 @@ def make_preset(family):
     from vllm_keras_hub.testing.tokenizers import make_tokenizer
 
     names = {"gemma3": "gemma3-vision-siglip-base", "gemma3n": "gemma3n-mobilenetv5-300m",
+             "gemma3n_audio": "gemma3n-mobilenetv5-300m-audio",
              "gemma4": "gemma4-vision-vit-base-bidirectional"}  # fmt: skip
     folder = os.path.expanduser(f"~/.cache/vllm-keras-hub/bench/{names[family]}")
-    if os.path.exists(os.path.join(folder, "image_converter.json")):
+    if os.path.exists(os.path.join(folder, "task.json")):
         return folder
     keras.utils.set_random_seed(0)
-    tokenizer = make_tokenizer(family, images=True)
+    tokenizer = make_tokenizer(family.split("_")[0], images=True)
     causal_lm, converter = globals()[f"_{family}"](tokenizer)
     causal_lm.save_to_preset(folder)
     tokenizer.save_to_preset(folder)
     converter.save_to_preset(folder)
+    if family == "gemma3n_audio":  # Its image converter too, as published.
+        from keras_hub.src.models.gemma3n.gemma3n_image_converter import (
+            Gemma3nImageConverter,
+        )
+
+        Gemma3nImageConverter(image_size=(768, 768), scale=1 / 127.5, offset=-1.0).save_to_preset(
+            folder
+        )
     return folder
+
+
+def _clips(count):
+    """10 s clips of noise at 16 kHz, a new one each run."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    return [(rng.standard_normal(160000) * 0.1).astype("float32") for _ in range(count)]
+
+
+def _media(prompt, count):
+    if "<start_of_audio>" in prompt:
+        return [("audio", (clip, 16000)) for clip in _clips(count)]
+    return [("image", image) for image in _images(count)]
 
 
 def _images(count):
@@ -160,10 +225,10 @@ def run_keras_hub(preset, runs, prompt):
             return out
 
         model.embed_multimodal = timed
-        for image in _images(runs + 1):
+        for modality, item in _media(prompt, runs + 1):
             encoder_s.clear()
             start = time.perf_counter()
-            llm.generate([{"prompt": prompt, "multi_modal_data": {"image": image}}], params, use_tqdm=False)
+            llm.generate([{"prompt": prompt, "multi_modal_data": {modality: item}}], params, use_tqdm=False)
             rows.append(dict(ttft_s=time.perf_counter() - start, encoder_s=sum(encoder_s)))
     return rows[1:]  # the first warms up
 
@@ -180,14 +245,21 @@ def run_keras_generate(preset, runs, prompt):
     backbone = causal_lm.backbone
     encoder = backbone.vision_encoder
     rows = []
-    for image in _images(runs + 1):
+    for modality, item in _media(prompt, runs + 1):
         start = time.perf_counter()
-        _, inputs = image_prompt_inputs(causal_lm, tokenizer, converter, prompt, [image], 1)
+        images, clips = ([item], ()) if modality == "image" else ([], [item[0]])
+        _, inputs = image_prompt_inputs(
+            causal_lm, tokenizer, converter, prompt, images, 1, clips=clips, preset=preset
+        )
         generate_function(inputs, stop_token_ids=None)
         ttft = time.perf_counter() - start
         with torch.inference_mode():
             start = time.perf_counter()
-            if "pixel_values" in inputs:  # Gemma4
+            if clips:
+                backbone.audio_encoder(
+                    (inputs["input_features"][0], inputs["input_features_mask"][0])
+                )
+            elif "pixel_values" in inputs:  # Gemma4
                 encoder({k: inputs[k] for k in ("pixel_values", "pixel_position_ids")})
             elif type(backbone).__name__ == "Gemma3nBackbone":
                 encoder(inputs["images"][0])
@@ -246,9 +318,9 @@ def main():
     names = list(summary)
     encoder = [summary[n]["encoder_s"] for n in names]
     rest = [summary[n]["ttft_s"] - summary[n]["encoder_s"] for n in names]
-    ax.barh(names, encoder, label="vision encoder")
+    ax.barh(names, encoder, label="audio encoder" if "audio" in args.family else "vision encoder")
     ax.barh(names, rest, left=encoder, label="the rest (prefill, preprocessing, first token)")
-    ax.set_xlabel("time to first token, one image (s, median)")
+    ax.set_xlabel(f"time to first token, one {'clip' if 'audio' in args.family else 'image'} (s, median)")
     ax.legend(loc="lower right", fontsize=7)
     ax.set_title(f"{args.family}: {os.path.basename(preset)}", fontsize=8)
     fig.tight_layout()
