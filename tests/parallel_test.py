@@ -253,6 +253,10 @@ IMAGE_CASES = {
 }
 
 
+# The vision presets that carry audio encoders, as published.
+AUDIO_PLACEHOLDERS = {"gemma3n": "<start_of_audio>", "gemma4": "<|audio|>"}
+
+
 @pytest.mark.parametrize("family", sorted(IMAGE_CASES))
 def test_tensor_parallel_images_match_generate(family, shared):
     """A vision preset, as published, at 2 ranks: a batch with 0, 1 and 2
@@ -262,15 +266,16 @@ def test_tensor_parallel_images_match_generate(family, shared):
     which embeds the images itself, so no image embedding crosses ranks
     (vLLM's own Gemma3 shards its SigLIP tower instead). Gemma3n: its
     MobileNet-v5 encoder, its audio encoder, and its text layers' AltUp and
-    per-layer inputs.
+    per-layer inputs. Gemma4: its audio encoder too.
     """
     placeholder, engine = IMAGE_CASES[family]
     preset = shared.vision_preset(family)
     prompts = batch_prompts(placeholder)
     limits = {"image": 2}
-    if family == "gemma3n":
+    if family in AUDIO_PLACEHOLDERS:
         # Its audio encoder too, whole on each rank as the vision encoder.
-        prompts.append(("Listen: <start_of_audio> what?", [], [audio.noise_clip(0)]))
+        clip = audio.noise_clip(0)
+        prompts.append((f"Listen: {AUDIO_PLACEHOLDERS[family]} what?", [], [clip]))
         limits["audio"] = 1
     expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
     # The image decides the answer: the same text, another image.

@@ -142,3 +142,26 @@ def test_images_longer_than_the_window_are_refused():
         check_image_settings(image, None, True, False, 1, None)
     check_image_settings(image, 0, True, False, 1, None)
 
+
+# Last: an engine of its own, whose shutdown would end the module's.
+def test_clips_stay_causal_beside_bidirectional_images(tmp_path):
+    """No published preset has both, but a bidirectional preset with an
+    audio encoder serves clips causally, as its full forward attends: the
+    image attention sees the image tokens alone, though vLLM marks the
+    clip's tokens multimodal too."""
+    from vllm_keras_hub.testing import audio
+
+    preset = build_tiny_vision_preset(
+        str(tmp_path / "with_audio"), "gemma4", bidirectional=True, audio=True
+    )
+    prompts = [
+        ("See <|image|> hear <|audio|> now", [IMAGES[1]], [audio.noise_clip(5, seconds=1.0)]),
+        ("Hear <|audio|> then", [], [audio.tone_clip(500, seconds=2.0)]),
+        ("Hello there", []),
+    ]
+    expected = gemma4_full_forward_with_images(preset, prompts, MAX_NEW_TOKENS)
+    with in_process_llm(
+        f"keras_hub:{preset}", max_model_len=1024, limit_mm_per_prompt={"image": 1, "audio": 1}
+    ) as llm:
+        outputs = llm.generate([audio.request(*p) for p in prompts], GREEDY, use_tqdm=False)
+    assert_tokens(outputs, expected)

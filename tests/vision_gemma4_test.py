@@ -1,4 +1,5 @@
-"""Images served through vLLM's multimodal API: a Gemma4 preset, causal.
+"""Images and audio served through vLLM's multimodal API: a Gemma4 preset,
+causal.
 
 Gemma4 presets without `use_vision_bidirectional_attention` (the published
 2B and 4B ones) attend causally over their images, so vLLM may split an
@@ -7,8 +8,11 @@ tokens (its patches pooled, padded by its aspect ratio with zero
 embeddings, as KerasHub's converter and encoder make them) and `<image|>`.
 One eager engine with chunked prefill (128 tokens a step, so every image is
 split) and prefix caching serves every test; the oracle is the preset's own
-`generate()` (`image_oracle.keras_hub_greedy_with_images`). Bidirectional
-presets: `vision_gemma4_bidirectional_test.py`.
+`generate()` (`image_oracle.keras_hub_greedy_with_images`). The preset
+carries a tiny audio encoder, its audio tokens and its audio converter, as
+the published E2B and E4B presets do: each clip is `<|audio>`, one
+`<|audio|>` per 4 frames of it (up to 750, at 30 s), and `<audio|>`.
+Bidirectional presets: `vision_gemma4_bidirectional_test.py`.
 """
 
 import numpy as np
@@ -17,6 +21,7 @@ import torch
 from vllm import SamplingParams
 
 from vllm_keras_hub.models.multimodal import to_pixels
+from vllm_keras_hub.testing import audio
 from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
@@ -28,6 +33,7 @@ from vllm_keras_hub.testing.images import (
 from vllm_keras_hub.testing.images import assert_tokens
 from vllm_keras_hub.testing.images import batch_prompts
 from vllm_keras_hub.testing.images import image_positions
+from vllm_keras_hub.testing.images import random_image
 from vllm_keras_hub.testing.images import request
 from vllm_keras_hub.testing.images import same_image_twice
 from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
@@ -40,7 +46,9 @@ PROMPTS = batch_prompts("<|image|>")
 
 @pytest.fixture(scope="module")
 def preset(tmp_path_factory):
-    return build_tiny_vision_preset(str(tmp_path_factory.mktemp("gemma4_vision")), "gemma4")
+    directory = str(tmp_path_factory.mktemp("gemma4_vision"))
+    # Seed 2: random weights whose answers tell the test's images apart.
+    return build_tiny_vision_preset(directory, "gemma4", seed=2, audio=True)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +59,7 @@ def llm(preset):
         enable_chunked_prefill=True,
         max_num_batched_tokens=STEP_TOKENS,
         enable_prefix_caching=True,
-        limit_mm_per_prompt={"image": 2},
+        limit_mm_per_prompt={"image": 2, "audio": 1},
         block_size=32,
     ) as llm:
         yield llm
@@ -139,6 +147,69 @@ def test_an_encoder_pooling_otherwise_than_the_converter_is_refused(preset, tmp_
             pass
 
 
+AUDIO = "<|audio|>"
+
+
+def audio_positions(preset, ids):
+    import keras_hub
+
+    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
+    return [i for i, token in enumerate(ids) if token == tokenizer.token_to_id(AUDIO)]
+
+
+def test_audio_in_a_mixed_batch_matches_generate(llm, preset):
+    """Each clip takes as many tokens as its frames give (0.4 s: 10; 1.7 s:
+    43; 6 s: 150, split over prefill steps; 31 s: cut at 30 s, 750), beside
+    an image, and text alone, in one batch."""
+    row = "gemma4 + vision encoder"
+    support_matrix.record(row, "Gemma4Backbone", audio="FAIL")
+    prompts = [
+        (f"Listen: {AUDIO} what is it?", [], [audio.noise_clip(0)]),
+        (f"Listen: {AUDIO} what is it?", [], [audio.tone_clip(440)]),
+        (f"Listen: {AUDIO} what is it?", [], [audio.noise_clip(1, seconds=1.7)]),
+        ("Hello there", []),
+        (f"See <|image|> hear {AUDIO} now", [random_image(4)], [audio.noise_clip(0)]),
+        (f"A long one {AUDIO} ok", [], [audio.tone_clip(300, seconds=6.0)]),
+        (f"Too long {AUDIO} ok", [], [audio.noise_clip(3, seconds=31.0)]),
+    ]
+    expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
+    outputs = llm.generate([audio.request(*p) for p in prompts], GREEDY, use_tqdm=False)
+    assert_tokens(outputs, expected)
+    counts = [len(audio_positions(preset, ids)) for ids, _ in expected]
+    assert counts == [10, 10, 43, 0, 10, 150, 750]
+    positions = audio_positions(preset, expected[5][0])
+    assert positions[0] < STEP_TOKENS <= positions[-1]
+    # The clip decides the answer.
+    assert len({tuple(expected[i][1]) for i in (0, 1, 2)}) == 3
+    support_matrix.record(row, "Gemma4Backbone", audio="pass")
+
+
+def test_the_same_clip_again_is_served_from_the_prefix_cache(llm, preset):
+    """The second prompt's cached blocks end inside the clip (here its hits
+    come 64 tokens at a time: a 57-token prompt hits nothing, a 107-token
+    one 64)."""
+    clip = audio.noise_clip(9, seconds=3.0)
+    prompts = [
+        (f"Listen to this clip carefully: {AUDIO} what is it?", [], [clip]),
+        (f"Listen to this clip carefully: {AUDIO} and its mood?", [], [clip]),
+    ]
+    expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
+    first = llm.generate([audio.request(*prompts[0])], GREEDY, use_tqdm=False)
+    second = llm.generate([audio.request(*prompts[1])], GREEDY, use_tqdm=False)
+    assert_tokens(first + second, expected)
+    positions = audio_positions(preset, expected[1][0])
+    assert positions[0] < second[0].num_cached_tokens <= positions[-1]
+
+
+def test_a_clip_shorter_than_a_frame_is_refused(llm):
+    """Gemma4's preprocessor gives a clip of fewer than 160 samples no
+    tokens; the request is refused with the reason, and the engine serves
+    on."""
+    with pytest.raises(ValueError, match="shorter than one frame"):
+        llm.generate([audio.request(f"Hi {AUDIO}", [], [np.zeros(100, "float32")])], GREEDY)
+    assert len(llm.generate(["Hello"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 8
+
+
 # Last: an engine of its own, started while the module's is still open.
 def test_text_only_serving_of_a_vision_preset(llm, preset):
     """With no images allowed, vLLM hands the model token ids alone (no
@@ -146,7 +217,7 @@ def test_text_only_serving_of_a_vision_preset(llm, preset):
     prompts = [("Hello there", []), ("The quick brown fox", [])]
     expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
     with in_process_llm(
-        f"keras_hub:{preset}", limit_mm_per_prompt={"image": 0}, block_size=32
+        f"keras_hub:{preset}", limit_mm_per_prompt={"image": 0, "audio": 0}, block_size=32
     ) as text_llm:
         assert type(served_model(text_llm)).__name__ == "KerasHubGemma4VisionForCausalLM"
         outputs = text_llm.generate([p for p, _ in prompts], GREEDY, use_tqdm=False)

@@ -1,20 +1,23 @@
-"""Audio clips into a Gemma3n preset: features, and their embeddings.
+"""Audio clips into a Gemma3n or Gemma4 preset: features, and their embeddings.
 
-The two halves of what `Gemma3nCausalLM` does with a clip, with the
+The two halves of what the family's `CausalLM` does with a clip, with the
 preset's own parts:
-- in vLLM's front end (`multimodal.py`), the preset's
-  `Gemma3nAudioConverter` turns each clip, already decoded and resampled to
-  the converter's rate by vLLM, into log-mel features and their mask
-  (`to_features`);
-- in the model (`vision.py`), the backbone's own embedding processor turns
-  one clip's features into the embeddings of its soft tokens
-  (`embed_clip`): its audio encoder, its audio embedder, and its padding
-  (or cutting) of every clip to `audio_soft_tokens_per_image` embeddings.
+- in vLLM's front end (`multimodal.py`), the preset's audio converter
+  turns each clip, already decoded and resampled to the converter's rate by
+  vLLM, into log-mel features and their mask (`to_features`);
+- in the model (`vision.py`), the backbone's own layers turn one clip's
+  features into the embeddings of its soft tokens. Gemma3n (`embed_clip`):
+  its embedding processor, which encodes, embeds and pads (or cuts) every
+  clip to `audio_soft_tokens_per_image` embeddings. Gemma4
+  (`embed_gemma4_clip`): its audio encoder on the converter's 30 s of
+  frames, of which the clip's first embeddings are placed, as many as its
+  preprocessor gave it tokens.
 
-Each clip is converted and encoded alone. KerasHub's preprocessor pads a
-batch's clips to the longest with zero samples that its mask counts as
-audio, so a clip's embeddings there depend on the other clips of its batch;
-alone, they are what `generate()` gives a prompt with that clip.
+Each clip is converted and encoded alone. KerasHub's Gemma3n preprocessor
+pads a batch's clips to the longest with zero samples that its mask counts
+as audio, and Gemma4's gives every clip of a batch the longest clip's token
+count; alone, a clip's embeddings are what `generate()` gives a prompt with
+that clip.
 """
 
 import functools
@@ -35,22 +38,31 @@ def _audio_converter(preset):
 
 
 def clip_features(converter, clip):
-    """The converter's features of one clip, as `Gemma3nCausalLMPreprocessor`
+    """The converter's features of one clip, as the family's preprocessor
     hands them to the backbone.
 
     Args:
-        converter: The preset's `Gemma3nAudioConverter`.
+        converter: The preset's `Gemma3nAudioConverter` or
+            `Gemma4AudioConverter`.
         clip: A 1-D float array of samples at the converter's rate.
 
     Returns:
         `(features, mask)`: float32 `(frames, mel bins)` and bool
-        `(frames,)`, True at padding frames (the preprocessor inverts the
-        converter's mask of valid frames).
+        `(frames,)`, True at padding frames. Gemma3n's preprocessor inverts
+        its converter's mask of valid frames; Gemma4's converter pads every
+        clip to 30 s, and its preprocessor counts `samples // stride` frames
+        valid.
     """
     import numpy as np
     from keras import ops
+    from keras_hub.src.models.gemma4.gemma4_audio_converter import Gemma4AudioConverter
 
-    features, valid = converter(np.asarray(clip, "float32"))
+    clip = np.asarray(clip, "float32")
+    if isinstance(converter, Gemma4AudioConverter):
+        features = ops.convert_to_numpy(converter(clip)).astype("float32")
+        padding = np.arange(len(features)) >= len(clip) // converter.stride
+        return features, padding
+    features, valid = converter(clip)
     features = ops.convert_to_numpy(features).astype("float32")
     return features, ~ops.convert_to_numpy(valid).astype(bool)
 
@@ -103,6 +115,31 @@ def embed_clip(backbone, features, mask, audio_token_id, tokens_per_clip):
         }
     )
     return embeddings[0]
+
+
+def embed_gemma4_clip(backbone, features, mask):
+    """One clip's soft-token embeddings, as `Gemma4Backbone` places them.
+
+    Its audio encoder takes the converter's frames, padding and all; the
+    backbone scales its outputs by 1/sqrt(hidden) and puts the first of
+    them at the clip's tokens, one per 4 valid frames, rounded up
+    (`audio_format.clip_tokens`).
+
+    Args:
+        backbone: The `Gemma4Backbone`.
+        features: `(frames, mel bins)` features of one clip.
+        mask: `(frames,)` bool, True at padding frames.
+
+    Returns:
+        A `(tokens, hidden_size)` tensor.
+    """
+    from vllm_keras_hub.export.audio_format import FRAMES_PER_TOKEN
+
+    valid = ~mask
+    embeddings = backbone.audio_encoder(features[None, None], valid[None, None])[0, 0]
+    count = -(-int(valid.sum()) // FRAMES_PER_TOKEN)
+    scale = torch.tensor(float(backbone.hidden_dim) ** -0.5, dtype=embeddings.dtype)
+    return embeddings[:count] * scale
 
 
 class Gemma3nTranscription(SupportsTranscription):

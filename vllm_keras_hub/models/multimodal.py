@@ -14,11 +14,12 @@ parts and no Hugging Face processor:
   `<|image|>` per embedding + `<image|>`) (`expand_placeholders`);
 - vLLM's encoder cache, multimodal prefix-cache hashing and scheduler see
   each image as the span of its soft tokens.
-Audio clips (Gemma3n) go the same way: vLLM decodes and resamples each clip
-to the converter's rate, the preset's `AudioConverter` computes its features
-(`audio.py`), and `<start_of_audio>` expands as the preprocessor expands it
-(`\\n\\n<start_of_audio>` + one soft token per embedding +
-`<end_of_audio>\\n\\n`).
+Audio clips (Gemma3n, Gemma4) go the same way: vLLM decodes and resamples
+each clip to the converter's rate, the preset's `AudioConverter` computes
+its features (`audio.py`), and the clip's placeholder expands as the
+preprocessor expands it (Gemma3n: `\\n\\n<start_of_audio>` + its 188 soft
+tokens + `<end_of_audio>\\n\\n`; Gemma4: `<|audio>` + one `<|audio|>` per
+4 frames of the clip + `<audio|>`).
 
 `config.json` carries the image and audio formats (`export/image_format.py`,
 `export/audio_format.py`). The model class (`vision.py`) runs the encoders
@@ -87,19 +88,27 @@ def _cuts_patches(converter):
 
 
 def soft_token(media):
-    """The soft token and its count per item of an image or audio format."""
+    """The soft token and its most tokens per item of an image or audio format."""
     if "audio_token" in media:
         return media["audio_token"], media["tokens_per_clip"]
     return media["image_token"], media["tokens_per_image"]
 
 
-def media_span(vocab, media):
-    """The token ids one item's placeholder expands to, newlines aside."""
-    token, count = soft_token(media)
+def media_span(vocab, media, count=None):
+    """The token ids one item's placeholder expands to, newlines aside.
+
+    Args:
+        vocab: The tokenizer's vocabulary.
+        media: An image or audio format.
+        count: The item's soft tokens, where they vary by item (Gemma4's
+            clips); by default the format's count.
+    """
+    token, most = soft_token(media)
+    count = most if count is None else count
     return [vocab[media["start_token"]]] + [vocab[token]] * count + [vocab[media["end_token"]]]
 
 
-def expand_placeholders(token_ids, tokenizer, *formats):
+def expand_placeholders(token_ids, tokenizer, spans):
     """The prompt's ids with each media placeholder expanded as KerasHub does.
 
     KerasHub replaces each placeholder in the prompt's text, then tokenizes
@@ -113,21 +122,33 @@ def expand_placeholders(token_ids, tokenizer, *formats):
     Args:
         token_ids: The prompt's token ids.
         tokenizer: vLLM's tokenizer of the preset.
-        *formats: The preset's `keras_hub_image` (and `keras_hub_audio`)
-            configs.
+        spans: For each placeholder's token id, `(newlines, items)`: the
+            format's newlines, and each item's span (`media_span`), in the
+            order the prompt's placeholders take them.
 
     Returns:
         The expanded token ids.
+
+    Raises:
+        ValueError: the prompt has more placeholders of a modality than
+            items of it.
     """
-    vocab = tokenizer.get_vocab()
-    spans = {
-        vocab[media["placeholder"]]: (media["newlines"], media_span(vocab, media))
-        for media in formats
-    }
+    unused = {token: iter(items) for token, (_, items) in spans.items()}
+
+    def span(token):
+        item = next(unused[token], None)
+        if item is None:
+            placeholder = tokenizer.decode([token])
+            raise ValueError(
+                f"The prompt has more {placeholder} placeholders than the "
+                f"request's {len(spans[token][1])} item(s) of that kind."
+            )
+        return item
+
     if not any(newlines for newlines, _ in spans.values()):
         new_ids = []
         for token in token_ids:
-            new_ids += spans[token][1] if token in spans else [token]
+            new_ids += span(token) if token in spans else [token]
         return new_ids
     atomic = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
     pieces, run = [], []
@@ -139,8 +160,8 @@ def expand_placeholders(token_ids, tokenizer, *formats):
             pieces.append(tokenizer.decode(run, skip_special_tokens=False))
             run = []
         if token in spans:
-            newlines, span = spans[token]
-            pieces += [newlines, span, newlines]
+            newlines = spans[token][0]
+            pieces += [newlines, span(token), newlines]
         elif token is not None:
             pieces.append([token])
     new_ids, text = [], ""
@@ -153,6 +174,17 @@ def expand_placeholders(token_ids, tokenizer, *formats):
             text = ""
         new_ids += piece
     return new_ids
+
+
+def clip_count(audio, fields):
+    """A clip's soft tokens, from its processed fields (`audio.to_features`):
+    vLLM's processor cache keeps those, not the clip."""
+    from vllm_keras_hub.export.audio_format import clip_tokens
+
+    if audio["frame_stride"] is None:
+        return audio["tokens_per_clip"]
+    valid_frames = int((~fields["input_features_mask"].data).sum())
+    return clip_tokens(audio, valid_frames * audio["frame_stride"])
 
 
 # How an error names what a preset takes.
@@ -264,6 +296,7 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
     def _call_hf_processor(self, hf_data, hf_kwargs):
         from transformers.feature_extraction_utils import BatchFeature
 
+        from vllm_keras_hub.export.audio_format import clip_tokens
         from vllm_keras_hub.models.audio import to_features
 
         preset = self.info.get_hf_config().keras_hub_preset
@@ -271,6 +304,8 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
         if hf_data.get("images"):
             outputs.update(to_pixels(preset, hf_data["images"]))
         if hf_data.get("audio"):
+            for clip in hf_data["audio"]:
+                clip_tokens(self.info.audio, len(clip))  # Raises for a clip too short.
             outputs.update(to_features(preset, hf_data["audio"]))
         return BatchFeature(outputs)
 
@@ -286,18 +321,34 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
 
     def _get_prompt_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs):
         vocab = self.info.get_tokenizer().get_vocab()
-        return [
-            PromptReplacement(
-                modality=modality,
-                target=[vocab[media["placeholder"]]],
-                replacement=PromptUpdateDetails.select_token_id(
-                    media_span(vocab, media), vocab[soft_token(media)[0]]
-                ),
+        updates = []
+        for modality, media in self.info.formats.items():
+
+            def replacement(index, modality=modality, media=media):
+                count = None
+                if modality == "audio":
+                    count = clip_count(media, out_mm_kwargs["audio"][index])
+                return PromptUpdateDetails.select_token_id(
+                    media_span(vocab, media, count), vocab[soft_token(media)[0]]
+                )
+
+            updates.append(
+                PromptReplacement(
+                    modality=modality,
+                    target=[vocab[media["placeholder"]]],
+                    replacement=replacement,
+                )
             )
-            for modality, media in self.info.formats.items()
-        ]
+        return updates
 
     def _apply_prompt_updates(self, token_ids, mm_prompt_updates):
-        formats = self.info.formats.values()
-        new_ids = expand_placeholders(token_ids, self.info.get_tokenizer(), *formats)
+        vocab = self.info.get_tokenizer().get_vocab()
+        spans = {
+            vocab[media["placeholder"]]: (
+                media["newlines"],
+                [list(item[0].content.full) for item in mm_prompt_updates.get(modality, ())],
+            )
+            for modality, media in self.info.formats.items()
+        }
+        new_ids = expand_placeholders(token_ids, self.info.get_tokenizer(), spans)
         return new_ids, self._find_mm_placeholders(new_ids, mm_prompt_updates)

@@ -1,5 +1,5 @@
-"""The vLLM model classes of presets served with images (and Gemma3n's
-audio), one per family.
+"""The vLLM model classes of presets served with images (and Gemma3n's and
+Gemma4's audio), one per family.
 
 vLLM serves a `SupportsMultiModal` model in three calls per step: its
 encoder cache asks `embed_multimodal` for each new image's embeddings,
@@ -21,7 +21,8 @@ take the image tokens' places as its backbone places them:
   scaled by 1/sqrt(hidden), merged, then all scaled by sqrt(hidden); the
   per-layer token ids zero at image tokens (`is_multimodal`). With
   `use_vision_bidirectional_attention`, its sliding-window layers attend
-  bidirectionally within each image; otherwise causal.
+  bidirectionally within each image; otherwise causal. It takes audio clips
+  too, encoded by its audio encoder and placed as images are (`audio.py`).
 The layers are `KerasHubForCausalLM`'s; the processor is `multimodal.py`'s.
 """
 
@@ -46,6 +47,7 @@ from vllm_keras_hub.layers.attention import token_embedding  # noqa: E402
 from vllm_keras_hub.layers.attention import transformer_layers  # noqa: E402
 from vllm_keras_hub.models.audio import Gemma3nTranscription  # noqa: E402
 from vllm_keras_hub.models.audio import embed_clip  # noqa: E402
+from vllm_keras_hub.models.audio import embed_gemma4_clip  # noqa: E402
 from vllm_keras_hub.models.audio import to_features  # noqa: E402
 from vllm_keras_hub.models.causal import KerasHubForCausalLM  # noqa: E402
 from vllm_keras_hub.models.multimodal import KerasHubDummyInputsBuilder  # noqa: E402
@@ -75,7 +77,7 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
     placeholder = None
     family_name = None
 
-    # The same for an audio part, where the family takes audio (Gemma3n).
+    # The same for an audio part, where the family takes audio.
     audio_placeholder = None
 
     @classmethod
@@ -105,6 +107,14 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
                 bidirectional == "all"
                 or (bidirectional == "sliding" and not layers[index].is_global_attention),
             )
+        # Where images attend bidirectionally and clips come too, the image
+        # attention must see the image tokens alone: clips stay causal.
+        self._image_token_id = None
+        if bidirectional and self.audio is not None:
+            import keras_hub
+
+            tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(self.preset)
+            self._image_token_id = tokenizer.token_to_id(self.image["image_token"])
 
     def _check_backbone(self, backbone):
         """Raises where the encoder would not fill an image's soft tokens
@@ -160,10 +170,8 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
         return tuple(self._encode(**fields).to(self._dtype))
 
     def _embed_clips(self, features, masks):
-        token_id, count = self.backbone.audio_token_id, self.audio["tokens_per_clip"]
         return tuple(
-            embed_clip(self.backbone, f, m, token_id, count).to(self._dtype)
-            for f, m in zip(features, masks, strict=True)
+            self._embed_clip(f, m).to(self._dtype) for f, m in zip(features, masks, strict=True)
         )
 
     def embed_input_ids(
@@ -180,7 +188,10 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
         tokens (vLLM calls this before every step of a multimodal model).
         """
         has_images = bool(multimodal_embeddings) and is_multimodal is not None
-        image_attention.set_step(is_multimodal if has_images else None)
+        is_image = is_multimodal
+        if has_images and self._image_token_id is not None:
+            is_image = is_multimodal & (input_ids == self._image_token_id)
+        image_attention.set_step(is_image if has_images else None)
         if not has_images:
             return self._embed(input_ids, None, None)
         return self._embed(input_ids, multimodal_embeddings, is_multimodal)
@@ -229,6 +240,10 @@ class KerasHubGemma3nVisionForCausalLM(_KerasHubImages, Gemma3nTranscription):
                 f"vision_soft_tokens_per_image is {self.image['tokens_per_image']}."
             )
 
+    def _embed_clip(self, features, mask):
+        token_id, count = self.backbone.audio_token_id, self.audio["tokens_per_clip"]
+        return embed_clip(self.backbone, features, mask, token_id, count)
+
     def _encode(self, pixel_values):
         # `Gemma3nMultimodalEmbeddingProcessor.call`'s vision embeddings.
         encoder = self.backbone.vision_encoder
@@ -256,7 +271,11 @@ class KerasHubGemma4VisionForCausalLM(_KerasHubImages):
     """A KerasHub Gemma4 preset with a vision encoder."""
 
     placeholder = "<|image|>"
+    audio_placeholder = "<|audio|>"
     family_name = "Gemma4"
+
+    def _embed_clip(self, features, mask):
+        return embed_gemma4_clip(self.backbone, features, mask)
 
     def _check_backbone(self, backbone):
         from vllm_keras_hub.models.multimodal import _image_converter

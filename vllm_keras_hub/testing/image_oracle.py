@@ -55,32 +55,55 @@ def _pixels(converter, images):
     return {key: np.stack([o[key] for o in outputs])[None] for key in outputs[0]}
 
 
-def _audio_expansion(causal_lm, tokenizer):
-    count = causal_lm.backbone.audio_soft_tokens_per_image
-    return tokenizer.start_of_audio_token, (
-        f"\n\n{tokenizer.start_of_audio_token}"
-        + tokenizer.audio_placeholder * count
-        + f"{tokenizer.end_of_audio_token}\n\n"
-    )
+def _expand_clips(causal_lm, tokenizer, text, clips, preset):
+    """`text` with each clip's placeholder expanded as the preprocessor
+    expands it: Gemma3n's 188 soft tokens, or Gemma4's one per 4 frames of
+    the clip (`audio_format.clip_tokens`)."""
+    from vllm_keras_hub.export.audio_format import audio_fields
+    from vllm_keras_hub.export.audio_format import clip_tokens
+    from vllm_keras_hub.export.preset_folder import read_preset
+
+    family, backbone_config, _ = read_preset(preset)
+    audio = audio_fields(preset, family.backbone, backbone_config, tokenizer, True)
+    audio = audio["keras_hub_audio"]
+    pieces = text.split(audio["placeholder"])
+    assert len(pieces) == len(clips) + 1, "one placeholder per clip"
+    text = pieces[0]
+    for clip, piece in zip(clips, pieces[1:]):
+        count = clip_tokens(audio, len(clip))
+        newlines = audio["newlines"]
+        span = audio["start_token"] + audio["audio_token"] * count + audio["end_token"]
+        text += newlines + span + newlines + piece
+    return text
 
 
-def _audio_inputs(preset, clips):
-    """Gemma3n's audio inputs of a batch of one: each clip's features alone
-    (`models/audio.py`), so clips of one prompt must be of one length."""
+def _audio_inputs(causal_lm, tokenizer, token_ids, preset, clips):
+    """The backbone's audio inputs of a batch of one: each clip's features
+    alone (`models/audio.py`), so clips of one prompt must be of one
+    length. Gemma3n: `input_features` and its mask of padding; Gemma4:
+    `audio_mel`, its mask of valid frames, and the soft tokens' places."""
     from vllm_keras_hub.models.audio import _audio_converter
     from vllm_keras_hub.models.audio import clip_features
 
     pairs = [clip_features(_audio_converter(preset), clip) for clip in clips]
+    features = np.stack([f for f, _ in pairs])[None]
+    padding = np.stack([m for _, m in pairs])[None]
+    if not isinstance(causal_lm.backbone, keras_hub.models.Gemma4Backbone):
+        return {"input_features": features, "input_features_mask": padding}
+    assert len({len(clip) for clip in clips}) == 1, "generate() takes clips of one length"
+    audio_mask = token_ids == tokenizer.token_to_id("<|audio|>")
     return {
-        "input_features": np.stack([f for f, _ in pairs])[None],
-        "input_features_mask": np.stack([m for _, m in pairs])[None],
+        "audio_mel": features,
+        "audio_mel_mask": (~padding).astype("int32"),
+        "audio_indices": np.nonzero(audio_mask[0])[0][None].astype("int32"),
+        "audio_mask": audio_mask.astype("int32"),
     }
 
 
 def image_prompt_inputs(
     causal_lm, tokenizer, converter, text, images, max_new_tokens, clips=(), preset=None
 ):
-    """One prompt with images (and Gemma3n's audio clips) as the family's
+    """One prompt with images (and audio clips) as the family's
     `CausalLMPreprocessor` prepares it.
 
     Returns:
@@ -90,8 +113,7 @@ def image_prompt_inputs(
     placeholder, expansion = _expansion(causal_lm, tokenizer, converter)
     text = text.replace(placeholder, expansion)
     if clips:
-        placeholder, expansion = _audio_expansion(causal_lm, tokenizer)
-        text = text.replace(placeholder, expansion)
+        text = _expand_clips(causal_lm, tokenizer, text, clips, preset)
     ids = [tokenizer.start_token_id]
     ids += keras.ops.convert_to_numpy(tokenizer(text)).tolist()
     token_ids = np.zeros((1, len(ids) + max_new_tokens), "int32")
@@ -111,7 +133,7 @@ def image_prompt_inputs(
         inputs["vision_mask"] = np.zeros_like(token_ids, "int32")
         inputs["vision_indices"] = np.zeros((1, 0), "int32")
     if clips:
-        inputs.update(_audio_inputs(preset, clips))
+        inputs.update(_audio_inputs(causal_lm, tokenizer, token_ids, preset, clips))
     return ids, {key: keras.ops.convert_to_tensor(v) for key, v in inputs.items()}
 
 
@@ -137,8 +159,8 @@ def keras_hub_greedy_with_images(preset, prompts, max_new_tokens):
     Args:
         preset: A Gemma3, Gemma3n or Gemma4 preset with a vision encoder.
         prompts: `(text, images)` pairs; `images` a list of PIL images. A
-            Gemma3n preset with audio also takes `(text, images, clips)`,
-            `clips` a list of 16 kHz sample arrays of one length.
+            preset with audio also takes `(text, images, clips)`, `clips` a
+            list of 16 kHz sample arrays (Gemma4: of one length).
         max_new_tokens: Tokens to generate per prompt.
 
     Returns:
@@ -182,8 +204,11 @@ def gemma4_full_forward_with_images(preset, prompts, max_new_tokens):
 
     causal_lm, tokenizer, converter = image_parts(preset)
     results = []
-    for text, images in prompts:
-        ids, inputs = image_prompt_inputs(causal_lm, tokenizer, converter, text, images, 0)
+    for text, images, *clips in prompts:
+        ids, inputs = image_prompt_inputs(
+            causal_lm, tokenizer, converter, text, images, 0,
+            clips=clips[0] if clips else (), preset=preset,
+        )  # fmt: skip
         inputs = {k: keras.ops.convert_to_numpy(v) for k, v in inputs.items()}
         if not images:
             patch = 3 * converter.patch_size**2
@@ -193,6 +218,14 @@ def gemma4_full_forward_with_images(preset, prompts, max_new_tokens):
                 vision_mask=np.zeros_like(inputs["token_ids"], "int32"),
                 vision_indices=np.zeros((1, 0), "int32"),
             )
+        encoder = causal_lm.backbone.audio_encoder
+        if encoder is not None and "audio_mel" not in inputs:
+            inputs.update(
+                audio_mel=np.zeros((1, 0, 0, encoder.input_feat_size), "float32"),
+                audio_mel_mask=np.zeros((1, 0, 0), "int32"),
+                audio_indices=np.zeros((1, 0), "int32"),
+                audio_mask=np.zeros_like(inputs["token_ids"], "int32"),
+            )
         generated = []
         for _ in range(max_new_tokens):
             length = len(ids) + len(generated)
@@ -200,9 +233,11 @@ def gemma4_full_forward_with_images(preset, prompts, max_new_tokens):
             step["token_ids"] = np.array([ids + generated], "int32")
             step["padding_mask"] = np.ones((1, length), "int32")
             step["position_ids"] = np.arange(length, dtype="int32")[None]
-            step["vision_mask"] = np.pad(
-                inputs["vision_mask"], ((0, 0), (0, len(generated)))
-            ).astype("int32")
+            for mask in ("vision_mask", "audio_mask"):
+                if mask in inputs:
+                    step[mask] = np.pad(
+                        inputs[mask], ((0, 0), (0, len(generated)))
+                    ).astype("int32")
             with torch.inference_mode():
                 logits = causal_lm(
                     {k: torch.as_tensor(v) for k, v in step.items()}, training=False

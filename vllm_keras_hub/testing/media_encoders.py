@@ -201,9 +201,38 @@ def _gemma3n_audio(tokenizer):
 GEMMA4_IMAGE_WINDOW = 384
 
 
-def _gemma4_images(tokenizer, bidirectional=False):
+# The mel bins of the tiny Gemma4 audio encoder and its converter.
+GEMMA4_MEL_BINS = 32
+
+
+def tiny_gemma4_audio_encoder():
+    """A tiny Gemma4 conformer (`Gemma4AudioEncoder`): one block, the
+    published chunking and context, 4x fewer frames out than in, projected
+    to the text width."""
+    from keras_hub.src.models.gemma4.gemma4_audio_encoder import (
+        Gemma4AudioEncoder,
+    )
+
+    return Gemma4AudioEncoder(
+        input_feat_size=GEMMA4_MEL_BINS,
+        hidden_size=16,
+        num_heads=2,
+        num_layers=1,
+        sscp_conv_channels=(8, 4),
+        output_proj_dims=16,
+        output_dim=TEXT_WIDTH,
+    )
+
+
+def _gemma4_images(tokenizer, bidirectional=False, audio=False):
+    media = {}
+    if audio:
+        # As the published E2B and E4B presets: up to 750 soft tokens per
+        # clip, 30 s of frames subsampled 4x.
+        media = dict(audio_encoder=tiny_gemma4_audio_encoder(), num_audio_tokens_per_clip=750)
     return dict(
         _gemma4_vision_encoder(tokenizer.vocabulary_size()),
+        **media,
         sliding_window_size=GEMMA4_IMAGE_WINDOW,
         use_vision_bidirectional_attention=bidirectional,
     )

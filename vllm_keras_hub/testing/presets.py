@@ -390,7 +390,10 @@ def build_tiny_preset(
     causal_lm_name, backbone_name, _ = TINY_FAMILIES[family]
     keras.utils.set_random_seed(seed)
     tokenizer = make_tokenizer(
-        _TOKENIZER_FAMILY.get(family, family), images=images is not None, chat=chat
+        _TOKENIZER_FAMILY.get(family, family),
+        images=images is not None,
+        chat=chat,
+        audio=bool(images and images.get("audio")),
     )
     backbone = getattr(keras_hub.models, backbone_name)(
         **backbone_kwargs(

@@ -76,16 +76,20 @@ class Shared:
 
     def vision_preset(self, family="gemma3", bidirectional=False):
         """The tiny preset with a served vision encoder and image converter
-        (Gemma3n's with its audio encoder and converter too, as published)."""
+        (Gemma3n's, and causal Gemma4's, with an audio encoder and converter
+        too, as published)."""
         from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
 
-        audio = family == "gemma3n"
+        audio = family == "gemma3n" or (family == "gemma4" and not bidirectional)
+        # Gemma4 with audio: seed 2's random weights tell the tests' images
+        # apart.
+        seed = 2 if family == "gemma4" and audio else 0
         name = f"presets/{family}-vision" + ("-bidirectional" if bidirectional else "")
         name += "-audio" if audio else ""
         return self._made_once(
             name,
             lambda path: build_tiny_vision_preset(
-                path, family=family, bidirectional=bidirectional, audio=audio
+                path, family=family, seed=seed, bidirectional=bidirectional, audio=audio
             ),
         )
 

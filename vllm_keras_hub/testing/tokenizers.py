@@ -175,6 +175,8 @@ _GEMMA4_SYMBOLS = ("<|turn>", "<turn|>")
 # Its image pieces and the video placeholder, which a tokenizer with vision
 # tokens registers too.
 _GEMMA4_VISION_SYMBOLS = ("<|image>", "<|image|>", "<image|>", "<|video|>")
+# Its audio pieces, for a preset with an audio encoder.
+_GEMMA4_AUDIO_SYMBOLS = ("<|audio>", "<|audio|>", "<audio|>")
 
 # The tool-calling and thinking tokens of the published vocabularies, for
 # chat presets (`make_tokenizer(..., chat=True)`): Qwen3's and GPT-OSS's
@@ -372,7 +374,7 @@ def tiny_sentencepiece_proto(
     return model.getvalue()
 
 
-def make_tokenizer(family, images=False, chat=False):
+def make_tokenizer(family, images=False, chat=False, audio=False):
     """A KerasHub tokenizer of `family` built from the tiny assets.
 
     Args:
@@ -381,6 +383,8 @@ def make_tokenizer(family, images=False, chat=False):
             has none (Gemma4).
         chat: With the family's tool-calling and thinking tokens
             (`CHAT_TOKENS`).
+        audio: With the family's audio tokens, where its image tokenizer
+            has none (Gemma4).
 
     Returns:
         A `keras_hub.tokenizers.Tokenizer` of the family's own class.
@@ -431,12 +435,12 @@ def make_tokenizer(family, images=False, chat=False):
         return keras_hub.tokenizers.Gemma3nTokenizer(proto=proto)
     if family == "gemma4":
         symbols = _GEMMA4_SYMBOLS + (_GEMMA4_VISION_SYMBOLS if images else ())
-        symbols += chat_tokens
+        symbols += (_GEMMA4_AUDIO_SYMBOLS if audio else ()) + chat_tokens
         proto = tiny_sentencepiece_proto(layout="gemma", user_defined_symbols=symbols)
         return keras_hub.tokenizers.Gemma4Tokenizer(
             proto=proto,
             has_vision_tokens=images,
-            has_audio_tokens=False,
+            has_audio_tokens=audio,
             has_video_tokens=images,
         )
     if family == "llama":

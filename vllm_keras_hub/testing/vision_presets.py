@@ -39,8 +39,9 @@ def build_tiny_vision_preset(
             norm, and their images are strong enough as they are.
         bidirectional: Gemma4 only: `use_vision_bidirectional_attention`,
             as the published 26B and 31B presets have it.
-        audio: Gemma3n only: with a tiny audio encoder and the preset's
-            audio converter too, as the published presets have them.
+        audio: Gemma3n and Gemma4: with a tiny audio encoder, the audio
+            tokens and the preset's audio converter too, as the published
+            Gemma3n and Gemma4 E2B and E4B presets have them.
 
     Returns:
         `directory`.
@@ -51,7 +52,7 @@ def build_tiny_vision_preset(
     if family != "gemma3":  # Gemma3's `MULTIMODAL` encoder takes images.
         images = dict(bidirectional=bidirectional) if family == "gemma4" else {}
         if audio:
-            images = dict(audio=True)
+            images["audio"] = True
     build_tiny_preset(
         family, directory, seed=seed, multimodal=family == "gemma3", images=images
     )
@@ -69,11 +70,21 @@ def build_tiny_vision_preset(
         size = 64
     _image_converter(family, size).save_to_preset(directory)
     if audio:
-        _audio_converter().save_to_preset(directory)
+        _audio_converter(family).save_to_preset(directory)
     return directory
 
 
-def _audio_converter():
+def _audio_converter(family="gemma3n"):
+    if family == "gemma4":
+        from keras_hub.src.models.gemma4.gemma4_audio_converter import (
+            Gemma4AudioConverter,
+        )
+
+        from vllm_keras_hub.testing.media_encoders import GEMMA4_MEL_BINS
+
+        # The published settings (its defaults), with the tiny encoder's
+        # mel bins.
+        return Gemma4AudioConverter(num_mels=GEMMA4_MEL_BINS)
     from keras_hub.src.models.gemma3n.gemma3n_audio_converter import (
         Gemma3nAudioConverter,
     )
