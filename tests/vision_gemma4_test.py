@@ -201,12 +201,15 @@ def test_the_same_clip_again_is_served_from_the_prefix_cache(llm, preset):
     assert positions[0] < second[0].num_cached_tokens <= positions[-1]
 
 
-def test_a_clip_shorter_than_a_frame_is_refused(llm):
+def test_a_clip_shorter_than_a_frame_or_missing_is_refused(llm):
     """Gemma4's preprocessor gives a clip of fewer than 160 samples no
-    tokens; the request is refused with the reason, and the engine serves
-    on."""
+    tokens, and a placeholder with no clip has nothing to expand to: each
+    request is refused with the reason, and the engine serves on."""
     with pytest.raises(ValueError, match="shorter than one frame"):
         llm.generate([audio.request(f"Hi {AUDIO}", [], [np.zeros(100, "float32")])], GREEDY)
+    clip = audio.noise_clip(0)
+    with pytest.raises(ValueError, match="more <\\|audio\\|> placeholders than"):
+        llm.generate([audio.request(f"Hi {AUDIO} and {AUDIO}", [], [clip])], GREEDY)
     assert len(llm.generate(["Hello"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 8
 
 
