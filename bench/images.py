@@ -4,6 +4,7 @@
     .venv/bin/python bench/images.py --family gemma3n    # about 5 min
     .venv/bin/python bench/images.py --family gemma4     # about 10 min
     .venv/bin/python bench/images.py --family gemma3n_audio  # one 10 s clip
+    .venv/bin/python bench/images.py --family gemma4_audio   # one 10 s clip
     .venv/bin/python bench/images.py --quick             # smoke run
 
 A random-weight preset of each family, float32, made once under
@@ -47,6 +48,7 @@ PROMPTS = {
     "gemma3n": "<start_of_image> Describe this image in one word.",
     "gemma3n_audio": "<start_of_audio> Transcribe this clip.",
     "gemma4": "<|image|> Describe this image in one word.",
+    "gemma4_audio": "<|audio|> Transcribe this clip.",
 }
 SYSTEMS = ("keras_hub", "keras_generate")
 _TEXT = dict(num_layers=8, hidden_dim=640, intermediate_dim=2048)
@@ -134,7 +136,7 @@ def _gemma3n_audio(tokenizer):
     return type(causal_lm)(backbone=backbone, preprocessor=None), converter
 
 
-def _gemma4(tokenizer):
+def _gemma4(tokenizer, **options):
     import keras_hub
     from keras_hub.src.models.gemma4.gemma4_image_converter import Gemma4ImageConverter
     from keras_hub.src.models.gemma4.gemma4_vision_encoder import Gemma4VisionEncoder
@@ -146,10 +148,27 @@ def _gemma4(tokenizer):
     backbone = keras_hub.models.Gemma4Backbone(
         vocabulary_size=tokenizer.vocabulary_size(), image_size=768, num_query_heads=4,
         num_key_value_heads=1, head_dim=256, sliding_window_size=512,
-        use_vision_bidirectional_attention=True, vision_encoder=encoder, **_TEXT,
+        vision_encoder=encoder, **{"use_vision_bidirectional_attention": True, **options},
+        **_TEXT,
     )  # fmt: skip
     converter = Gemma4ImageConverter(patch_size=16, scale=1 / 127.5, offset=-1.0)
     return keras_hub.models.Gemma4CausalLM(backbone=backbone, preprocessor=None), converter
+
+
+def _gemma4_audio(tokenizer):
+    """A causal Gemma4 preset (as E2B and E4B) with `_gemma4`'s text model
+    and vision encoder, and an audio encoder of the published size
+    (`Gemma4AudioEncoder`'s defaults: 12 conformer layers, hidden 1024) with
+    the published converter's settings; 250 soft tokens for a 10 s clip."""
+    from keras_hub.src.models.gemma4.gemma4_audio_converter import Gemma4AudioConverter
+    from keras_hub.src.models.gemma4.gemma4_audio_encoder import Gemma4AudioEncoder
+
+    encoder = Gemma4AudioEncoder(output_dim=_TEXT["hidden_dim"])
+    causal_lm, _ = _gemma4(
+        tokenizer, use_vision_bidirectional_attention=False, audio_encoder=encoder,
+        num_audio_tokens_per_clip=750,
+    )  # fmt: skip
+    return causal_lm, Gemma4AudioConverter()
 
 
 def make_preset(family):
@@ -160,12 +179,13 @@ def make_preset(family):
 
     names = {"gemma3": "gemma3-vision-siglip-base", "gemma3n": "gemma3n-mobilenetv5-300m",
              "gemma3n_audio": "gemma3n-mobilenetv5-300m-audio",
+             "gemma4_audio": "gemma4-vit-base-conformer",
              "gemma4": "gemma4-vision-vit-base-bidirectional"}  # fmt: skip
     folder = os.path.expanduser(f"~/.cache/vllm-keras-hub/bench/{names[family]}")
     if os.path.exists(os.path.join(folder, "task.json")):
         return folder
     keras.utils.set_random_seed(0)
-    tokenizer = make_tokenizer(family.split("_")[0], images=True)
+    tokenizer = make_tokenizer(family.split("_")[0], images=True, audio=family.endswith("audio"))
     causal_lm, converter = globals()[f"_{family}"](tokenizer)
     causal_lm.save_to_preset(folder)
     tokenizer.save_to_preset(folder)
@@ -178,6 +198,10 @@ def make_preset(family):
         Gemma3nImageConverter(image_size=(768, 768), scale=1 / 127.5, offset=-1.0).save_to_preset(
             folder
         )
+    if family == "gemma4_audio":
+        from keras_hub.src.models.gemma4.gemma4_image_converter import Gemma4ImageConverter
+
+        Gemma4ImageConverter(patch_size=16, scale=1 / 127.5, offset=-1.0).save_to_preset(folder)
     return folder
 
 
@@ -190,7 +214,7 @@ def _clips(count):
 
 
 def _media(prompt, count):
-    if "<start_of_audio>" in prompt:
+    if "<start_of_audio>" in prompt or "<|audio|>" in prompt:
         return [("audio", (clip, 16000)) for clip in _clips(count)]
     return [("image", image) for image in _images(count)]
 
@@ -255,7 +279,9 @@ def run_keras_generate(preset, runs, prompt):
         ttft = time.perf_counter() - start
         with torch.inference_mode():
             start = time.perf_counter()
-            if clips:
+            if clips and "audio_mel" in inputs:  # Gemma4
+                backbone.audio_encoder(inputs["audio_mel"], inputs["audio_mel_mask"].bool())
+            elif clips:
                 backbone.audio_encoder(
                     (inputs["input_features"][0], inputs["input_features_mask"][0])
                 )

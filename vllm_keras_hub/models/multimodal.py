@@ -88,7 +88,7 @@ def _cuts_patches(converter):
 
 
 def soft_token(media):
-    """The soft token and its most tokens per item of an image or audio format."""
+    """The soft token of an image or audio format, and the most an item takes."""
     if "audio_token" in media:
         return media["audio_token"], media["tokens_per_clip"]
     return media["image_token"], media["tokens_per_image"]
