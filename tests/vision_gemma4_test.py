@@ -201,6 +201,27 @@ def test_the_same_clip_again_is_served_from_the_prefix_cache(llm, preset):
     assert positions[0] < second[0].num_cached_tokens <= positions[-1]
 
 
+def test_an_input_audio_chat_part_renders_and_matches_generate(llm, preset):
+    """`LLM.chat` with the official template: an `input_audio` WAV part
+    renders as `<|audio|>` where it stands, and gives `generate()`'s tokens
+    on the samples vLLM decodes."""
+    import base64
+
+    wav = audio.encoded(audio.tone_clip(520, seconds=1.2), "wav")
+    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}}
+    content = [{"type": "text", "text": "What is said in"}, part, {"type": "text", "text": "this clip?"}]
+    outputs = llm.chat([{"role": "user", "content": content}], GREEDY, use_tqdm=False)
+    prompt = (
+        "<|turn>user\nWhat is said in<|audio|>this clip?<turn|>\n"
+        "<|turn>model\n<|channel>thought\n<channel|>"
+    )
+    expected = keras_hub_greedy_with_images(
+        preset, [(prompt, [], [audio.decoded(wav)])], MAX_NEW_TOKENS
+    )
+    assert_tokens(outputs, expected)
+    assert len(audio_positions(preset, expected[0][0])) == 30
+
+
 def test_a_clip_shorter_than_a_frame_or_missing_is_refused(llm):
     """Gemma4's preprocessor gives a clip of fewer than 160 samples no
     tokens, and a placeholder with no clip has nothing to expand to: each
