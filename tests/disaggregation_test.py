@@ -64,6 +64,53 @@ def test_a_consumer_decodes_from_the_producers_kv(family, shared, tmp_path):
     assert sum(output.num_cached_tokens for output in outputs) >= 2 * BLOCK
 
 
+def test_images_and_clips_are_encoded_on_the_prefill_side_only(shared, tmp_path):
+    """A Gemma4 preset with images and audio: the consumer loads the KV of
+    every block holding an image's or a clip's tokens, so it never runs an
+    encoder (its encoder calls are counted), and gives `generate()`'s
+    tokens."""
+    from vllm_keras_hub.testing import audio
+    from vllm_keras_hub.testing.engines import served_model
+    from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
+    from vllm_keras_hub.testing.images import IMAGES
+    from vllm_keras_hub.testing.images import assert_tokens
+
+    preset = shared.vision_preset("gemma4")
+    tail = " and then say what it shows in a few short words, please, for the record."
+    prompts = [
+        ("Look at <|image|>" + tail, [IMAGES[1]]),
+        ("Listen to <|audio|>" + tail, [], [audio.noise_clip(4, seconds=2.0)]),
+    ]
+    expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
+    settings = dict(
+        block_size=BLOCK,
+        enable_prefix_caching=False,
+        max_model_len=1024,
+        limit_mm_per_prompt={"image": 1, "audio": 1},
+    )
+    requests = [audio.request(*prompt) for prompt in prompts]
+
+    def counting(llm):
+        model, calls = served_model(llm), []
+        encode = model.embed_multimodal
+        model.embed_multimodal = lambda **fields: calls.append(1) or encode(**fields)
+        return calls
+
+    producer = kv_transfer("kv_producer", tmp_path)
+    with in_process_llm(f"keras_hub:{preset}", kv_transfer_config=producer, **settings) as llm:
+        produced = counting(llm)
+        llm.generate(requests, SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    consumer = kv_transfer("kv_consumer", tmp_path)
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
+    with in_process_llm(f"keras_hub:{preset}", kv_transfer_config=consumer, **settings) as llm:
+        consumed = counting(llm)
+        outputs = llm.generate(requests, greedy, use_tqdm=False)
+    assert_tokens(outputs, expected)
+    for output, (prompt_ids, _) in zip(outputs, expected, strict=True):
+        assert output.num_cached_tokens == loaded_tokens(prompt_ids)
+    assert len(produced) >= 1 and consumed == []
+
+
 def test_hybrid_presets_refuse_kv_transfer(shared, tmp_path):
     with pytest.raises(UnsupportedHybridConfigError, match="recurrent state"):
         KerasHubLLM(
