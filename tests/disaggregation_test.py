@@ -65,10 +65,11 @@ def test_a_consumer_decodes_from_the_producers_kv(family, shared, tmp_path):
 
 
 def test_images_and_clips_are_encoded_on_the_prefill_side_only(shared, tmp_path):
-    """A Gemma4 preset with images and audio: the consumer loads the KV of
-    every block holding an image's or a clip's tokens, so it never runs an
-    encoder (its encoder calls are counted), and gives `generate()`'s
-    tokens."""
+    """A Gemma4 preset with images and audio: where the consumer loads the
+    KV of every block holding an image's or a clip's tokens, it runs no
+    encoder (its encoder calls are counted); where an image reaches into
+    the last partial block, which it computes, it encodes that image. Every
+    row is `generate()`'s tokens."""
     from vllm_keras_hub.testing import audio
     from vllm_keras_hub.testing.engines import served_model
     from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
@@ -80,6 +81,8 @@ def test_images_and_clips_are_encoded_on_the_prefill_side_only(shared, tmp_path)
     prompts = [
         ("Look at <|image|>" + tail, [IMAGES[1]]),
         ("Listen to <|audio|>" + tail, [], [audio.noise_clip(4, seconds=2.0)]),
+        # The image ends the prompt: its last tokens are the consumer's.
+        ("Look at <|image|>", [IMAGES[2]]),
     ]
     expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
     settings = dict(
@@ -104,11 +107,13 @@ def test_images_and_clips_are_encoded_on_the_prefill_side_only(shared, tmp_path)
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
     with in_process_llm(f"keras_hub:{preset}", kv_transfer_config=consumer, **settings) as llm:
         consumed = counting(llm)
-        outputs = llm.generate(requests, greedy, use_tqdm=False)
+        outputs = llm.generate(requests[:2], greedy, use_tqdm=False)
+        assert len(produced) >= 1 and consumed == []
+        outputs += llm.generate(requests[2:], greedy, use_tqdm=False)
+        assert len(consumed) == 1
     assert_tokens(outputs, expected)
     for output, (prompt_ids, _) in zip(outputs, expected, strict=True):
         assert output.num_cached_tokens == loaded_tokens(prompt_ids)
-    assert len(produced) >= 1 and consumed == []
 
 
 def test_hybrid_presets_refuse_kv_transfer(shared, tmp_path):
