@@ -364,3 +364,41 @@ def test_two_nodes_on_loopback_give_generates_tokens(shared, tmp_path):
     support_matrix.record(
         "gemma3", TINY_FAMILIES["gemma3"][1], tp2="pass (also server, 2 nodes)"
     )
+
+
+def test_an_eagle3_head_and_a_draft_model_at_two_ranks(shared, tmp_path):
+    """Speculation under tensor parallelism, the target at 2 ranks:
+    - the known-draft EAGLE-3 head (`testing/eagle3.py`), whole on each
+      rank, fed the target's aux hidden states: the oracle's tokens, and
+      the acceptance counted from them, as at one rank
+      (`speculative_native_test.py`);
+    - the target drafting for itself, both sharded alike: every draft
+      accepted."""
+    from tests.speculative_native_test import AUX_LAYERS
+    from tests.speculative_native_test import DRAFT_TOKENS
+    from tests.speculative_native_test import eagle3
+    from tests.speculative_native_test import echo_acceptance
+    from tests.speculative_test import acceptance
+    from tests.speculative_test import assert_oracle_tokens
+    from vllm_keras_hub.testing.eagle3 import save_echo_head
+
+    preset = shared.preset("llama3")
+    expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
+    continued = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS + DRAFT_TOKENS)
+    head = save_echo_head(preset, str(tmp_path / "eagle3"), AUX_LAYERS)
+    itself = {"model": f"keras_hub:{preset}", "num_speculative_tokens": DRAFT_TOKENS}
+    for spec in (eagle3(head), itself):
+        with parallel_llm(
+            f"keras_hub:{preset}",
+            tensor_parallel_size=2,
+            enforce_eager=True,
+            speculative_config=spec,
+            disable_log_stats=False,
+        ) as llm:
+            outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+            drafted, accepted = acceptance(llm)
+        assert_oracle_tokens(outputs, expected)
+        if spec is itself:
+            assert accepted == drafted > 0
+        else:
+            assert (drafted, accepted) == echo_acceptance([t for _, t in continued])
