@@ -99,3 +99,19 @@ def build(backbone, prefix):
         variable.value.data = torch.empty(0, dtype=variable.value.dtype)
         layer._packed_kernel.freed = True
     return modules
+
+
+def restrict_lora_manager(lora_config, layers):
+    """Makes vLLM's LoRA manager wrap `layers` (`build`'s) and nothing else.
+
+    Its `target_modules` filter takes full module names: with it, modules
+    outside them (an MoE family's `FusedMoE` experts, which KerasHub
+    adapters never target) stay unwrapped. A user's own
+    `--lora-target-modules` is kept.
+
+    Args:
+        lora_config: The engine's `LoRAConfig`.
+        layers: The `ModuleDict` registered as the model's `lora_layers`.
+    """
+    if lora_config.target_modules is None:
+        lora_config.target_modules = [f"{MODULES}.{key}" for key in layers]

@@ -105,9 +105,24 @@ def build(spec, prefix, dtype, expert_scale=None):
     Returns:
         The `MoERunner`; called as `runner(hidden_states, routing)`.
     """
+    from vllm.config import get_current_vllm_config
     from vllm.model_executor.layers.fused_moe import FusedMoEFactory
 
-    return FusedMoEFactory(
+    # With LoRA on, vLLM 0.32 gives every FusedMoE its Triton LoRA experts
+    # kernel (`select_unquantized_moe_backend`: `moe_config.is_lora_enabled`),
+    # which the CPU has not. KerasHub adapters never target the experts (the
+    # LoRA manager leaves them unwrapped: `lora_linear.restrict_lora_manager`),
+    # so they are built as with LoRA off.
+    config = get_current_vllm_config()
+    lora_config, config.lora_config = config.lora_config, None
+    try:
+        return _fused_moe(FusedMoEFactory, spec, prefix, dtype, expert_scale)
+    finally:
+        config.lora_config = lora_config
+
+
+def _fused_moe(factory, spec, prefix, dtype, expert_scale):
+    return factory(
         num_experts=spec.num_experts,
         top_k=spec.top_k,
         hidden_size=spec.hidden_size,

@@ -70,6 +70,25 @@ def _meta_backbone(preset):
         return keras_hub.models.Backbone.from_preset(preset, load_weights=False)
 
 
+def check_convertible(preset):
+    """Raises unless adapters for `preset` can be converted when they come.
+
+    Conversion reads the layer layout off the backbone built on torch's
+    meta device; a backbone that does not build there (KerasHub 0.32's
+    GPT-OSS: its layer norm makes a CPU tensor in its call) would fail every
+    adapter request, so it is refused at start-up.
+    """
+    try:
+        _meta_backbone(preset)
+    except Exception as error:
+        raise UnsupportedLoraError(
+            "LoRA adapters per request (--enable-lora) are not supported for "
+            "this preset: its backbone does not build on torch's meta device, "
+            f"which converting its adapters needs ({type(error).__name__}). "
+            "Merge one adapter at load instead (--lora-weights)."
+        ) from error
+
+
 def standard_lora(layer, rank, a, b):
     """One KerasHub layer's A and B as vLLM's `(lora_a, lora_b)`.
 

@@ -328,15 +328,14 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle3):
         probe.run(stage)
 
     def _lora_layers(self, backbone, moe_blocks):
-        if moe_blocks:
-            raise lora_adapters.UnsupportedLoraError(
-                f"{self._name}: LoRA adapters per request (--enable-lora) are not "
-                "supported for MoE families yet: vLLM's LoRA manager would wrap "
-                "the experts' FusedMoE, which KerasHub adapters do not target. "
-                "Merge one adapter at load instead (--lora-weights)."
-            )
+        lora_adapters.check_convertible(self.preset)
         layers = lora_linear.build(backbone, self.prefix)
         logger.info("%d KerasHub matmul layers can take LoRA adapters", len(layers))
+        if moe_blocks:
+            # vLLM's LoRA manager, made after loading, wraps every FusedMoE
+            # too; KerasHub adapters never target the experts, so it may
+            # wrap these layers only.
+            lora_linear.restrict_lora_manager(self.vllm_config.lora_config, layers)
         return layers
 
     @property
