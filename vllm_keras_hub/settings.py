@@ -12,6 +12,10 @@ from vllm_keras_hub import speculative
 from vllm_keras_hub.export.image_format import needs_whole_images
 from vllm_keras_hub.lora.adapters import check_lora_serving
 
+# The audio decoder a preset with audio is served with: PyAV, the one the
+# lock pins (`--media-io-kwargs`).
+AUDIO_MEDIA_IO = {"audio": {"audio_backend": "pyav"}}
+
 
 class UnsupportedParallelismError(ValueError):
     """A parallel layout KerasHub models cannot be served in yet."""
@@ -389,7 +393,7 @@ def settle(folder, values, given):
     if folder.audio and "audio" not in media_io:
         # PyAV, the one decoder the lock pins: vLLM's default tries
         # torchcodec and soundfile first and logs an error for every clip.
-        updates["media_io_kwargs"] = {**media_io, "audio": {"audio_backend": "pyav"}}
+        updates["media_io_kwargs"] = {**media_io, **AUDIO_MEDIA_IO}
     kv_cache_bytes = default_kv_cache_bytes(
         {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(given)
     )

@@ -15,6 +15,7 @@ none, the default model, SmolLM2-135M-Instruct. `export` writes that folder
 import argparse
 import json
 import os
+import shlex
 import sys
 
 DEFAULT_HOST = "127.0.0.1"
@@ -172,6 +173,12 @@ def export(model, directory):
 
         # What `serve` sets for such images (`settings.settle`).
         flags += f" --disable-chunked-mm-input --scheduler-cls {IMAGE_SCHEDULER}"
+    if config.get("keras_hub_audio"):
+        from vllm_keras_hub.settings import AUDIO_MEDIA_IO
+
+        # What `serve` sets (`settings.settle`): PyAV, the lock's decoder;
+        # vLLM's default tries two absent ones first, logging each clip.
+        flags += " --media-io-kwargs " + shlex.quote(json.dumps(AUDIO_MEDIA_IO))
     parsers = _parser_flags(
         {
             "tool_call_parser": config.get("keras_hub_tool_parser"),

@@ -265,3 +265,26 @@ def test_plain_vllm_without_the_printed_flags_is_refused(bidirectional_export, f
             distributed_executor_backend="uni",
             **settings,
         )
+
+
+def test_export_prints_the_audio_decoder_for_a_preset_with_audio(tmp_path):
+    """A Gemma4 preset with audio: the printed plain-vLLM command selects
+    PyAV, as `serve` does, in a form vLLM's own argument parser reads."""
+    import json
+    import shlex
+
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
+
+    preset = build_tiny_vision_preset(str(tmp_path / "preset"), "gemma4", audio=True)
+    result = run_cli("export", f"keras_hub:{preset}", str(tmp_path / "folder"))
+    assert result.returncode == 0, result.stderr
+    (line,) = [x for x in result.stdout.splitlines() if "vllm.entrypoints.openai" in x]
+    argv = shlex.split(line)[3:]  # after `python -m <module>`
+    # The server's own parser, as `python -m vllm.entrypoints.openai.api_server`.
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    assert args.media_io_kwargs == {"audio": {"audio_backend": "pyav"}}
+    with open(tmp_path / "folder" / "config.json") as f:
+        assert json.load(f)["keras_hub_audio"]["placeholder"] == "<|audio|>"
