@@ -90,12 +90,6 @@ def test_the_same_image_again_is_served_from_the_prefix_cache(llm, preset):
 AUDIO = "<start_of_audio>"
 
 
-def audio_positions(preset, ids):
-    import keras_hub
-
-    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
-    return [i for i, token in enumerate(ids) if token == tokenizer.audio_placeholder_id]
-
 
 def test_audio_in_a_mixed_batch_matches_generate(llm, preset):
     """Clips padded to the soft-token count (0.4 s) and cut to it (1 s),
@@ -114,7 +108,7 @@ def test_audio_in_a_mixed_batch_matches_generate(llm, preset):
     outputs = llm.generate([audio.request(*p) for p in prompts], GREEDY, use_tqdm=False)
     assert_tokens(outputs, expected)
     # Each clip fills its soft tokens, and the clip decides the answer.
-    assert len(audio_positions(preset, expected[5][0])) == 2 * 16
+    assert len(audio.audio_positions(preset, expected[5][0])) == 2 * 16
     assert len({tuple(expected[i][1]) for i in (0, 1, 2)}) == 3
     support_matrix.record(row, "Gemma3nBackbone", audio="pass")
 
@@ -122,7 +116,7 @@ def test_audio_in_a_mixed_batch_matches_generate(llm, preset):
 def test_a_clip_split_over_two_prefill_steps(llm, preset):
     prompt = [(f"Now hear this one: {AUDIO} ok", [], [audio.tone_clip(660)])]
     expected = keras_hub_greedy_with_images(preset, prompt, MAX_NEW_TOKENS)
-    positions = audio_positions(preset, expected[0][0])
+    positions = audio.audio_positions(preset, expected[0][0])
     assert positions[0] < STEP_TOKENS <= positions[-1]
     assert_tokens(llm.generate([audio.request(*prompt[0])], GREEDY, use_tqdm=False), expected)
 
@@ -134,9 +128,4 @@ def test_the_same_clip_again_is_served_from_the_prefix_cache(llm, preset):
         (f"Listen to this clip carefully: {AUDIO} what is it?", [], [clip]),
         (f"Listen to this clip carefully: {AUDIO} and its mood?", [], [clip]),
     ]
-    expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
-    first = llm.generate([audio.request(*prompts[0])], GREEDY, use_tqdm=False)
-    second = llm.generate([audio.request(*prompts[1])], GREEDY, use_tqdm=False)
-    assert_tokens(first + second, expected)
-    positions = audio_positions(preset, expected[1][0])
-    assert positions[0] < second[0].num_cached_tokens <= positions[-1]
+    audio.assert_the_second_hits_the_prefix_cache_inside_the_clip(llm, preset, prompts, GREEDY)

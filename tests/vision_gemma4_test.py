@@ -150,12 +150,6 @@ def test_an_encoder_pooling_otherwise_than_the_converter_is_refused(preset, tmp_
 AUDIO = "<|audio|>"
 
 
-def audio_positions(preset, ids):
-    import keras_hub
-
-    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
-    return [i for i, token in enumerate(ids) if token == tokenizer.token_to_id(AUDIO)]
-
 
 def test_audio_in_a_mixed_batch_matches_generate(llm, preset):
     """Each clip takes as many tokens as its frames give (0.4 s: 10; 1.7 s:
@@ -175,9 +169,9 @@ def test_audio_in_a_mixed_batch_matches_generate(llm, preset):
     expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
     outputs = llm.generate([audio.request(*p) for p in prompts], GREEDY, use_tqdm=False)
     assert_tokens(outputs, expected)
-    counts = [len(audio_positions(preset, ids)) for ids, _ in expected]
+    counts = [len(audio.audio_positions(preset, ids)) for ids, _ in expected]
     assert counts == [10, 10, 43, 0, 10, 150, 750]
-    positions = audio_positions(preset, expected[5][0])
+    positions = audio.audio_positions(preset, expected[5][0])
     assert positions[0] < STEP_TOKENS <= positions[-1]
     # The clip decides the answer.
     assert len({tuple(expected[i][1]) for i in (0, 1, 2)}) == 3
@@ -193,12 +187,7 @@ def test_the_same_clip_again_is_served_from_the_prefix_cache(llm, preset):
         (f"Listen to this clip carefully: {AUDIO} what is it?", [], [clip]),
         (f"Listen to this clip carefully: {AUDIO} and its mood?", [], [clip]),
     ]
-    expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
-    first = llm.generate([audio.request(*prompts[0])], GREEDY, use_tqdm=False)
-    second = llm.generate([audio.request(*prompts[1])], GREEDY, use_tqdm=False)
-    assert_tokens(first + second, expected)
-    positions = audio_positions(preset, expected[1][0])
-    assert positions[0] < second[0].num_cached_tokens <= positions[-1]
+    audio.assert_the_second_hits_the_prefix_cache_inside_the_clip(llm, preset, prompts, GREEDY)
 
 
 def test_an_input_audio_chat_part_renders_and_matches_generate(llm, preset):
@@ -219,7 +208,7 @@ def test_an_input_audio_chat_part_renders_and_matches_generate(llm, preset):
         preset, [(prompt, [], [audio.decoded(wav)])], MAX_NEW_TOKENS
     )
     assert_tokens(outputs, expected)
-    assert len(audio_positions(preset, expected[0][0])) == 30
+    assert len(audio.audio_positions(preset, expected[0][0])) == 30
 
 
 def test_a_clip_shorter_than_a_frame_or_missing_is_refused(llm):

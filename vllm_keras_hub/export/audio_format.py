@@ -34,6 +34,11 @@ FIELDS = (
 )  # fmt: skip
 
 
+def frame_tokens(frames):
+    """The soft tokens of `frames` valid Gemma4 frames: one per 4, rounded up."""
+    return (frames + FRAMES_PER_TOKEN - 1) // FRAMES_PER_TOKEN
+
+
 def clip_tokens(audio, num_samples):
     """The soft tokens of a clip of `num_samples` samples at the converter's
     rate, as the family's preprocessor counts them.
@@ -58,7 +63,7 @@ def clip_tokens(audio, num_samples):
             f"frame of this preset's audio converter ({stride} samples at "
             f"{audio['sampling_rate']} Hz): it has no audio to encode."
         )
-    return (frames + FRAMES_PER_TOKEN - 1) // FRAMES_PER_TOKEN
+    return frame_tokens(frames)
 
 
 def _converter(preset):

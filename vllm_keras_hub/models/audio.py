@@ -133,11 +133,11 @@ def embed_gemma4_clip(backbone, features, mask):
     Returns:
         A `(tokens, hidden_size)` tensor.
     """
-    from vllm_keras_hub.export.audio_format import FRAMES_PER_TOKEN
+    from vllm_keras_hub.export.audio_format import frame_tokens
 
     valid = ~mask
     embeddings = backbone.audio_encoder(features[None, None], valid[None, None])[0, 0]
-    count = -(-int(valid.sum()) // FRAMES_PER_TOKEN)
+    count = frame_tokens(int(valid.sum()))
     scale = torch.tensor(float(backbone.hidden_dim) ** -0.5, dtype=embeddings.dtype)
     return embeddings[:count] * scale
 

@@ -179,12 +179,11 @@ def expand_placeholders(token_ids, tokenizer, spans):
 def clip_count(audio, fields):
     """A clip's soft tokens, from its processed fields (`audio.to_features`):
     vLLM's processor cache keeps those, not the clip."""
-    from vllm_keras_hub.export.audio_format import clip_tokens
+    from vllm_keras_hub.export.audio_format import frame_tokens
 
     if audio["frame_stride"] is None:
         return audio["tokens_per_clip"]
-    valid_frames = int((~fields["input_features_mask"].data).sum())
-    return clip_tokens(audio, valid_frames * audio["frame_stride"])
+    return frame_tokens(int((~fields["input_features_mask"].data).sum()))
 
 
 # How an error names what a preset takes.

@@ -63,3 +63,27 @@ def decoded(data, rate=RATE):
     samples, native = load_audio(io.BytesIO(data), sr=None, backend="pyav")
     resampler = AudioResampler(target_sr=rate, method="pyav")
     return resampler.resample(samples, orig_sr=native).astype("float32")
+
+
+def audio_positions(preset, ids):
+    """The positions of the audio soft tokens in `ids`."""
+    import keras_hub
+
+    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
+    soft_token = tokenizer.token_to_id(tokenizer.audio_placeholder)
+    return [i for i, token in enumerate(ids) if token == soft_token]
+
+
+def assert_the_second_hits_the_prefix_cache_inside_the_clip(llm, preset, prompts, params):
+    """Served one after the other, two prompts with the same clip and text
+    before it give the oracle's tokens, and the second's cached blocks end
+    inside the clip: its last tokens are computed in the next step."""
+    from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
+    from vllm_keras_hub.testing.images import assert_tokens
+
+    expected = keras_hub_greedy_with_images(preset, prompts, params.max_tokens)
+    first = llm.generate([request(*prompts[0])], params, use_tqdm=False)
+    second = llm.generate([request(*prompts[1])], params, use_tqdm=False)
+    assert_tokens(first + second, expected)
+    positions = audio_positions(preset, expected[1][0])
+    assert positions[0] < second[0].num_cached_tokens <= positions[-1]
