@@ -7,8 +7,9 @@ The oracle is the preset's full forward with images
 `generate()` prefills through its cache, where the decoder block never
 applies the bidirectional mask, so it attends causally over the images
 (`test_generate_attends_causally_over_images` shows it). The tiny preset's
-window (384 tokens) holds one image's 282 tokens and some text. One
-compiled engine with chunked prefill (320 tokens a step: an image is
+window (384 tokens) holds one image's 282 tokens and some text. Video
+frames are images to its vision encoder and its mask: each frame's tokens
+attend bidirectionally within the frame. One compiled engine with chunked prefill (320 tokens a step: an image is
 never split, `image_attention.py`) and prefix caching serves every test.
 """
 
@@ -53,7 +54,10 @@ PROMPTS = batch_prompts("<|image|>") + [
 @pytest.fixture(scope="module")
 def preset(tmp_path_factory):
     return build_tiny_vision_preset(
-        str(tmp_path_factory.mktemp("gemma4_bidirectional")), "gemma4", bidirectional=True
+        str(tmp_path_factory.mktemp("gemma4_bidirectional")),
+        "gemma4",
+        bidirectional=True,
+        video=True,
     )
 
 
@@ -71,7 +75,7 @@ def llm(preset):
         enable_chunked_prefill=True,
         max_num_batched_tokens=STEP_TOKENS,
         enable_prefix_caching=True,
-        limit_mm_per_prompt={"image": 2},
+        limit_mm_per_prompt={"image": 2, "video": 1},
         block_size=32,
     ) as llm:
         yield llm
@@ -95,6 +99,27 @@ def test_generate_attends_causally_over_images(preset, expected):
     generated = keras_hub_greedy_with_images(preset, PROMPTS[:1], MAX_NEW_TOKENS)
     assert generated[0][0] == expected[0][0]
     assert generated[0][1] != expected[0][1]
+
+
+def test_video_frames_attend_within_themselves_as_the_full_forward(llm, preset):
+    """Each frame's soft tokens are one run of the backbone's vision mask,
+    so they attend bidirectionally within the frame: the served tokens are
+    the full forward's, and `generate()`'s (causal, its bug) differ."""
+    from vllm_keras_hub.testing import videos
+
+    row = "gemma4 + vision encoder, bidirectional"
+    support_matrix.record(row, "Gemma4Backbone", video="FAIL")
+    prompts = [
+        ("Watch: <|video|> what happens?", videos.random_video(0)),
+        ("What is in<|video|>", videos.random_video(3, height=64, width=30, fps=30.0)),
+    ]
+    expected = gemma4_full_forward_with_images(preset, prompts, MAX_NEW_TOKENS)
+    requests = [videos.request(text, video=video) for text, video in prompts]
+    outputs = llm.generate(requests, GREEDY, use_tqdm=False)
+    assert_tokens(outputs, expected)
+    causal = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
+    assert all(c[1] != e[1] for c, e in zip(causal, expected))
+    support_matrix.record(row, "Gemma4Backbone", video="pass (full forward)")
 
 
 def test_the_same_image_again_is_served_from_the_prefix_cache(llm, preset):
@@ -148,20 +173,32 @@ def test_clips_stay_causal_beside_bidirectional_images(tmp_path):
     """No published preset has both, but a bidirectional preset with an
     audio encoder serves clips causally, as its full forward attends: the
     image attention sees the image tokens alone, though vLLM marks the
-    clip's tokens multimodal too."""
+    clip's tokens multimodal too; a video's frames stay bidirectional."""
     from vllm_keras_hub.testing import audio
+    from vllm_keras_hub.testing import videos
 
     preset = build_tiny_vision_preset(
-        str(tmp_path / "with_audio"), "gemma4", bidirectional=True, audio=True
+        str(tmp_path / "with_audio"), "gemma4", bidirectional=True, audio=True, video=True
     )
+    video, clip = videos.random_video(0), audio.noise_clip(6)
     prompts = [
         ("See <|image|> hear <|audio|> now", [IMAGES[1]], [audio.noise_clip(5, seconds=1.0)]),
         ("Hear <|audio|> then", [], [audio.tone_clip(500, seconds=2.0)]),
         ("Hello there", []),
+        ("Watch <|video|> hear <|audio|> now", video, [clip]),
     ]
     expected = gemma4_full_forward_with_images(preset, prompts, MAX_NEW_TOKENS)
+    requests = [audio.request(*p) for p in prompts[:3]]
+    requests.append(
+        {
+            "prompt": prompts[3][0],
+            "multi_modal_data": {"video": video, "audio": [(clip, audio.RATE)]},
+        }
+    )
     with in_process_llm(
-        f"keras_hub:{preset}", max_model_len=1024, limit_mm_per_prompt={"image": 1, "audio": 1}
+        f"keras_hub:{preset}",
+        max_model_len=1024,
+        limit_mm_per_prompt={"image": 1, "audio": 1, "video": 1},
     ) as llm:
-        outputs = llm.generate([audio.request(*p) for p in prompts], GREEDY, use_tqdm=False)
+        outputs = llm.generate(requests, GREEDY, use_tqdm=False)
     assert_tokens(outputs, expected)

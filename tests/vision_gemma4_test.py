@@ -11,7 +11,10 @@ split) and prefix caching serves every test; the oracle is the preset's own
 `generate()` (`image_oracle.keras_hub_greedy_with_images`). The preset
 carries a tiny audio encoder, its audio tokens and its audio converter, as
 the published E2B and E4B presets do: each clip is `<|audio>`, one
-`<|audio|>` per 4 frames of it (up to 750, at 30 s), and `<audio|>`.
+`<|audio|>` per 4 frames of it (up to 750, at 30 s), and `<audio|>`. And
+its video converter, as every published Gemma4 preset has it (4 frames
+per video here, 32 published): each video is one `mm:ss <|image>` +
+`<|video|>` per soft token + `<image|>` per frame.
 Bidirectional presets: `vision_gemma4_bidirectional_test.py`.
 """
 
@@ -23,6 +26,7 @@ from vllm import SamplingParams
 from vllm_keras_hub.models.multimodal import to_pixels
 from vllm_keras_hub.testing import audio
 from vllm_keras_hub.testing import support_matrix
+from vllm_keras_hub.testing import videos
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
@@ -48,7 +52,7 @@ PROMPTS = batch_prompts("<|image|>")
 def preset(tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("gemma4_vision"))
     # Seed 2: random weights whose answers tell the test's images apart.
-    return build_tiny_vision_preset(directory, "gemma4", seed=2, audio=True)
+    return build_tiny_vision_preset(directory, "gemma4", seed=2, audio=True, video=True)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +63,7 @@ def llm(preset):
         enable_chunked_prefill=True,
         max_num_batched_tokens=STEP_TOKENS,
         enable_prefix_caching=True,
-        limit_mm_per_prompt={"image": 2, "audio": 1},
+        limit_mm_per_prompt={"image": 2, "audio": 1, "video": 1},
         block_size=32,
     ) as llm:
         yield llm
@@ -223,6 +227,103 @@ def test_a_clip_shorter_than_a_frame_or_missing_is_refused(llm):
     assert len(llm.generate(["Hello"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 8
 
 
+VIDEO = "<|video|>"
+
+
+def test_videos_in_a_mixed_batch_match_generate(llm, preset):
+    """Videos of two frame sizes and frame rates (timestamps past a minute),
+    one given 8 frames that the converter keeps 4 of, beside an image and
+    text alone, in one batch: the preprocessor's own spans (the first
+    timestamp tokenized with the text before it) and tokens. Each video
+    spans several prefill steps."""
+    row = "gemma4 + vision encoder"
+    support_matrix.record(row, "Gemma4Backbone", video="FAIL")
+    eight = videos.random_video(3, frames=8, stride=30)
+    # linspace(0, 7, 4), cast to int32: the converter's own choice.
+    kept = [0, 2, 4, 7]
+    four_of_eight = videos.Video(
+        eight.frames[kept], {**eight.metadata, "frames_indices": [30 * i for i in kept]}
+    )
+    # (text, images, video) as served, and what the oracle takes.
+    served = [
+        (f"Watch: {VIDEO} what happens?", [], videos.random_video(1)),
+        ("Hello there", [], None),
+        (f"Watch: {VIDEO} what happens?", [], videos.random_video(2)),
+        ("a <|image|> caption", [IMAGES[0]], None),
+        (f"What is in{VIDEO}", [], videos.random_video(4, 64, 30, fps=30.0, stride=900)),
+        (f"Watch: {VIDEO} what happens?", [], eight),
+    ]
+    oracle_prompts = [(text, video or images) for text, images, video in served[:-1]]
+    oracle_prompts.append((served[-1][0], four_of_eight))
+    expected = keras_hub_greedy_with_images(preset, oracle_prompts, MAX_NEW_TOKENS)
+    requests = [videos.request(text, images, video) for text, images, video in served]
+    outputs = llm.generate(requests, GREEDY, use_tqdm=False)
+    assert_tokens(outputs, expected)
+    # 48x64 frames take 63 soft tokens each, 64x30 ones 60; a video spans
+    # steps of 128 tokens.
+    counts = [len(videos.video_positions(preset, ids)) for ids, _ in expected]
+    assert counts == [4 * 63, 0, 4 * 63, 0, 4 * 60, 4 * 63]
+    positions = videos.video_positions(preset, expected[0][0])
+    assert positions[0] < STEP_TOKENS < positions[-1]
+    # The frames decide the answer.
+    assert expected[0][1] != expected[2][1]
+    support_matrix.record(row, "Gemma4Backbone", video="pass")
+
+
+def test_the_same_video_again_is_served_from_the_prefix_cache(llm, preset):
+    """The second prompt's cached blocks end inside the video: the rest of
+    its frames are computed in the next step, from the encoder cache."""
+    video = videos.random_video(8)
+    prompts = [
+        (f"Watch this video carefully: {VIDEO} what is it?", video),
+        (f"Watch this video carefully: {VIDEO} and its mood?", video),
+    ]
+    expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
+    first = llm.generate([videos.request(prompts[0][0], video=video)], GREEDY, use_tqdm=False)
+    second = llm.generate([videos.request(prompts[1][0], video=video)], GREEDY, use_tqdm=False)
+    assert_tokens(first + second, expected)
+    positions = videos.video_positions(preset, expected[1][0])
+    assert positions[0] < second[0].num_cached_tokens <= positions[-1]
+
+
+def test_a_video_url_chat_part_renders_and_matches_generate(llm, preset):
+    """`LLM.chat` with the official template: a `video_url` part (an MPEG-4
+    file as a data URI) renders as `<|video|>` where it stands; vLLM's
+    loader keeps the converter's 4 frames of its 10 (as `KerasHubLLM` and
+    `serve` set it), with their source indices."""
+    import base64
+
+    data = videos.encoded(videos.random_video(5, frames=10), fps=2)
+    url = f"data:video/mp4;base64,{base64.b64encode(data).decode()}"
+    content = [
+        {"type": "text", "text": "What happens in"},
+        {"type": "video_url", "video_url": {"url": url}},
+        {"type": "text", "text": "this video?"},
+    ]
+    outputs = llm.chat([{"role": "user", "content": content}], GREEDY, use_tqdm=False)
+    prompt = (
+        "<|turn>user\nWhat happens in<|video|>this video?<turn|>\n"
+        "<|turn>model\n<|channel>thought\n<channel|>"
+    )
+    decoded = videos.decoded(data, num_frames=4)
+    assert decoded.metadata["frames_indices"] == [0, 3, 6, 9]
+    expected = keras_hub_greedy_with_images(preset, [(prompt, decoded)], MAX_NEW_TOKENS)
+    assert_tokens(outputs, expected)
+
+
+def test_a_video_without_its_placeholder_or_metadata_is_refused(llm):
+    """As vLLM's own Gemma4: a video needs its frames' indices and frame
+    rate for the timestamps; a placeholder with no video has nothing to
+    expand to. Each request is refused with the reason; the engine serves on."""
+    video = videos.random_video(0)
+    with pytest.raises(ValueError, match="metadata is required"):
+        frames_only = {"prompt": f"Hi {VIDEO}", "multi_modal_data": {"video": video.frames}}
+        llm.generate([frames_only], GREEDY)
+    with pytest.raises(ValueError, match="more <\\|video\\|> placeholders than"):
+        llm.generate([videos.request(f"Hi {VIDEO} and {VIDEO}", video=video)], GREEDY)
+    assert len(llm.generate(["Hello"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 8
+
+
 # Last: an engine of its own, started while the module's is still open.
 def test_text_only_serving_of_a_vision_preset(llm, preset):
     """With no images allowed, vLLM hands the model token ids alone (no
@@ -230,7 +331,9 @@ def test_text_only_serving_of_a_vision_preset(llm, preset):
     prompts = [("Hello there", []), ("The quick brown fox", [])]
     expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
     with in_process_llm(
-        f"keras_hub:{preset}", limit_mm_per_prompt={"image": 0, "audio": 0}, block_size=32
+        f"keras_hub:{preset}",
+        limit_mm_per_prompt={"image": 0, "audio": 0, "video": 0},
+        block_size=32,
     ) as text_llm:
         assert type(served_model(text_llm)).__name__ == "KerasHubGemma4VisionForCausalLM"
         outputs = text_llm.generate([p for p, _ in prompts], GREEDY, use_tqdm=False)

@@ -187,6 +187,25 @@ def image_limit(limit_mm_per_prompt):
 
 
 
+def default_media_io(audio, video):
+    """The `media_io_kwargs` `serve` sets for a preset's audio and video.
+
+    Args:
+        audio: The preset's `keras_hub_audio` config, or `None`.
+        video: Its `keras_hub_video` config, or `None`.
+    """
+    media_io = {}
+    if audio:
+        # PyAV, the one decoder the lock pins: vLLM's default tries
+        # torchcodec and soundfile first and logs an error for every clip.
+        media_io.update(AUDIO_MEDIA_IO)
+    if video:
+        # vLLM's loader keeps as many frames as the converter does (its
+        # default is 32, as published), so the converter keeps them all.
+        media_io["video"] = {"num_frames": video["num_frames"]}
+    return media_io
+
+
 def check_image_settings(
     image,
     images_per_prompt,
@@ -390,10 +409,9 @@ def settle(folder, values, given):
         if values.get("scheduler_cls") is None:
             updates["scheduler_cls"] = IMAGE_SCHEDULER
     media_io = dict(values.get("media_io_kwargs") or {})
-    if folder.audio and "audio" not in media_io:
-        # PyAV, the one decoder the lock pins: vLLM's default tries
-        # torchcodec and soundfile first and logs an error for every clip.
-        updates["media_io_kwargs"] = {**media_io, **AUDIO_MEDIA_IO}
+    defaults = default_media_io(folder.audio, folder.video)
+    if set(defaults) - set(media_io):
+        updates["media_io_kwargs"] = {**defaults, **media_io}
     kv_cache_bytes = default_kv_cache_bytes(
         {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(given)
     )

@@ -156,6 +156,7 @@ def export(model, directory):
     from vllm_keras_hub.export.hf_config import LOAD_FORMAT
     from vllm_keras_hub.export.image_format import needs_whole_images
     from vllm_keras_hub.export.preset_folder import write_model_folder
+    from vllm_keras_hub.settings import default_media_io
 
     preset, _ = _preset_of(model)
     os.makedirs(directory, exist_ok=True)
@@ -173,12 +174,12 @@ def export(model, directory):
 
         # What `serve` sets for such images (`settings.settle`).
         flags += f" --disable-chunked-mm-input --scheduler-cls {IMAGE_SCHEDULER}"
-    if config.get("keras_hub_audio"):
-        from vllm_keras_hub.settings import AUDIO_MEDIA_IO
-
-        # What `serve` sets (`settings.settle`): PyAV, the lock's decoder;
-        # vLLM's default tries two absent ones first, logging each clip.
-        flags += " --media-io-kwargs " + shlex.quote(json.dumps(AUDIO_MEDIA_IO))
+    media_io = default_media_io(config.get("keras_hub_audio"), config.get("keras_hub_video"))
+    if media_io:
+        # What `serve` sets (`settings.settle`): PyAV, the lock's audio
+        # decoder (vLLM's default tries two absent ones first, logging each
+        # clip), and the video converter's frames per video.
+        flags += " --media-io-kwargs " + shlex.quote(json.dumps(media_io))
     parsers = _parser_flags(
         {
             "tool_call_parser": config.get("keras_hub_tool_parser"),

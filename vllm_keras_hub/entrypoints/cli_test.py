@@ -267,9 +267,10 @@ def test_plain_vllm_without_the_printed_flags_is_refused(bidirectional_export, f
         )
 
 
-def test_export_prints_the_audio_decoder_for_a_preset_with_audio(tmp_path):
-    """A Gemma4 preset with audio: the printed plain-vLLM command selects
-    PyAV, as `serve` does, in a form vLLM's own argument parser reads."""
+def test_export_prints_the_media_settings_of_a_preset_with_audio_and_video(tmp_path):
+    """A Gemma4 preset with audio and video: the printed plain-vLLM command
+    selects PyAV for audio and the video converter's frames per video, as
+    `serve` does, in a form vLLM's own argument parser reads."""
     import json
     import shlex
 
@@ -278,13 +279,20 @@ def test_export_prints_the_audio_decoder_for_a_preset_with_audio(tmp_path):
 
     from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
 
-    preset = build_tiny_vision_preset(str(tmp_path / "preset"), "gemma4", audio=True)
+    preset = build_tiny_vision_preset(
+        str(tmp_path / "preset"), "gemma4", audio=True, video=True
+    )
     result = run_cli("export", f"keras_hub:{preset}", str(tmp_path / "folder"))
     assert result.returncode == 0, result.stderr
     (line,) = [x for x in result.stdout.splitlines() if "vllm.entrypoints.openai" in x]
     argv = shlex.split(line)[3:]  # after `python -m <module>`
     # The server's own parser, as `python -m vllm.entrypoints.openai.api_server`.
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
-    assert args.media_io_kwargs == {"audio": {"audio_backend": "pyav"}}
+    assert args.media_io_kwargs == {
+        "audio": {"audio_backend": "pyav"},
+        "video": {"num_frames": 4},
+    }
     with open(tmp_path / "folder" / "config.json") as f:
-        assert json.load(f)["keras_hub_audio"]["placeholder"] == "<|audio|>"
+        config = json.load(f)
+    assert config["keras_hub_audio"]["placeholder"] == "<|audio|>"
+    assert config["keras_hub_video"]["placeholder"] == "<|video|>"

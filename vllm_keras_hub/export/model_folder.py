@@ -114,6 +114,8 @@ class ModelFolder:
         self.images = config.get("keras_hub_image")
         # Its audio format (`export/audio_format.py`), else `None`.
         self.audio = config.get("keras_hub_audio")
+        # Its video format (`export/video_format.py`), else `None`.
+        self.video = config.get("keras_hub_video")
         # A text embedder's pooling (`export/embedder.py`), else `None`.
         self.embedder = config.get("keras_hub_embedder")
         # vLLM's parsers for the chat format's tool calls and thinking

@@ -20,6 +20,7 @@ from vllm_keras_hub.export import hf_config as config_lib
 from vllm_keras_hub.export import image_format as image_config
 from vllm_keras_hub.export import sampling
 from vllm_keras_hub.export import tokenizer as tokenizer_export
+from vllm_keras_hub.export import video_format
 from vllm_keras_hub.models import families
 
 logger = logging.getLogger(__name__)
@@ -283,6 +284,7 @@ def write_model_folder(preset, directory, max_model_len=None):
             **audio_format.audio_fields(
                 preset, family.backbone, backbone_config, tokenizer, bool(images)
             ),
+            **video_format.video_fields(preset, family.backbone, tokenizer, bool(images)),
         },
     )
     model_config.save_pretrained(directory)

@@ -21,8 +21,12 @@ preprocessor expands it (Gemma3n: `\\n\\n<start_of_audio>` + its 188 soft
 tokens + `<end_of_audio>\\n\\n`; Gemma4: `<|audio>` + one `<|audio|>` per
 4 frames of the clip + `<audio|>`).
 
-`config.json` carries the image and audio formats (`export/image_format.py`,
-`export/audio_format.py`). The model class (`vision.py`) runs the encoders
+Gemma4's videos are frames through the same vision encoder, each video's
+placeholder expanded to one timestamped span per frame (`video.py`).
+
+`config.json` carries the image, audio and video formats
+(`export/image_format.py`, `export/audio_format.py`,
+`export/video_format.py`). The model class (`vision.py`) runs the encoders
 and merges their embeddings.
 """
 
@@ -88,7 +92,10 @@ def _cuts_patches(converter):
 
 
 def soft_token(media):
-    """The soft token of an image or audio format, and the most an item takes."""
+    """The soft token of an image, audio or video format, and the most
+    tokens an item takes."""
+    if "video_token" in media:
+        return media["video_token"], media["tokens_per_video"]
     if "audio_token" in media:
         return media["audio_token"], media["tokens_per_clip"]
     return media["image_token"], media["tokens_per_image"]
@@ -122,9 +129,11 @@ def expand_placeholders(token_ids, tokenizer, spans):
     Args:
         token_ids: The prompt's token ids.
         tokenizer: vLLM's tokenizer of the preset.
-        spans: For each placeholder's token id, `(newlines, items)`: the
-            format's newlines, and each item's span (`media_span`), in the
-            order the prompt's placeholders take them.
+        spans: For each placeholder's token id, each item's `(before, ids,
+            after)`, in the order the prompt's placeholders take them:
+            its span's ids (`media_span`, `video.video_span`), and the text
+            KerasHub writes around them (the format's newlines; a video's
+            first timestamp).
 
     Returns:
         The expanded token ids.
@@ -133,7 +142,7 @@ def expand_placeholders(token_ids, tokenizer, spans):
         ValueError: the prompt has more placeholders of a modality than
             items of it.
     """
-    unused = {token: iter(items) for token, (_, items) in spans.items()}
+    unused = {token: iter(items) for token, items in spans.items()}
 
     def span(token):
         item = next(unused[token], None)
@@ -141,14 +150,14 @@ def expand_placeholders(token_ids, tokenizer, spans):
             placeholder = tokenizer.decode([token])
             raise ValueError(
                 f"The prompt has more {placeholder} placeholders than the "
-                f"request's {len(spans[token][1])} item(s) of that kind."
+                f"request's {len(spans[token])} item(s) of that kind."
             )
         return item
 
-    if not any(newlines for newlines, _ in spans.values()):
+    if not any(before or after for items in spans.values() for before, _, after in items):
         new_ids = []
         for token in token_ids:
-            new_ids += span(token) if token in spans else [token]
+            new_ids += span(token)[1] if token in spans else [token]
         return new_ids
     atomic = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
     pieces, run = [], []
@@ -160,8 +169,7 @@ def expand_placeholders(token_ids, tokenizer, spans):
             pieces.append(tokenizer.decode(run, skip_special_tokens=False))
             run = []
         if token in spans:
-            newlines = spans[token][0]
-            pieces += [newlines, span(token), newlines]
+            pieces += list(span(token))
         elif token is not None:
             pieces.append([token])
     new_ids, text = [], ""
@@ -187,7 +195,7 @@ def clip_count(audio, fields):
 
 
 # How an error names what a preset takes.
-_NAMES = {"image": "images", "audio": "audio"}
+_NAMES = {"image": "images", "audio": "audio", "video": "video"}
 
 
 class KerasHubProcessingInfo(BaseProcessingInfo):
@@ -207,11 +215,20 @@ class KerasHubProcessingInfo(BaseProcessingInfo):
         return read_audio_format(self.get_hf_config())
 
     @property
+    def video(self):
+        """The video format, or `None` for a preset served without video."""
+        from vllm_keras_hub.export.video_format import read_video_format
+
+        return read_video_format(self.get_hf_config())
+
+    @property
     def formats(self):
         """Each served modality's format, by modality."""
         formats = {"image": self.image}
         if self.audio is not None:
             formats["audio"] = self.audio
+        if self.video is not None:
+            formats["video"] = self.video
         return formats
 
     def get_data_parser(self):
@@ -220,9 +237,12 @@ class KerasHubProcessingInfo(BaseProcessingInfo):
         # vLLM resamples each clip to the converter's rate, with PyAV: the
         # one resampler the lock installs (its default needs torchaudio).
         audio = self.audio
+        # A video comes with its frames' source indices and frame rate, for
+        # their timestamps (vLLM's loader gives them; so must an array).
         return MultiModalDataParser(
             target_sr=audio["sampling_rate"] if audio else None,
             audio_resample_method="pyav",
+            video_needs_metadata=self.video is not None,
             expected_hidden_size=self._get_expected_hidden_size(),
             allow_missing_mm_embeddings=self.allow_missing_mm_embeddings,
         )
@@ -234,7 +254,12 @@ class KerasHubProcessingInfo(BaseProcessingInfo):
         )
 
     def get_supported_mm_processor_kwargs(self):
-        return {"text_kwargs": set(), "images_kwargs": set(), "audio_kwargs": set()}
+        return {
+            "text_kwargs": set(),
+            "images_kwargs": set(),
+            "audio_kwargs": set(),
+            "videos_kwargs": set(),
+        }
 
     def get_supported_mm_limits(self):
         return {modality: None for modality in self.formats}
@@ -243,7 +268,8 @@ class KerasHubProcessingInfo(BaseProcessingInfo):
         if modality not in self.formats and num_items:
             from vllm.exceptions import VLLMValidationError
 
-            served = " and ".join(_NAMES[name] for name in self.formats)
+            *names, last = [_NAMES[name] for name in self.formats]
+            served = f"{', '.join(names)} and {last}" if names else last
             raise VLLMValidationError(
                 f"This KerasHub preset takes {served}, not {modality}: "
                 f"{modality} input is not served.",
@@ -252,10 +278,12 @@ class KerasHubProcessingInfo(BaseProcessingInfo):
         super().validate_num_items(modality, num_items)
 
     def get_mm_max_tokens_per_item(self, seq_len, mm_counts):
-        # The placeholder's tokens, its start and end markers included:
-        # vLLM checks that a step's token budget holds one whole item.
+        # The placeholder's tokens, its start and end markers included (a
+        # video's bound counts its frames' markers already): vLLM checks
+        # that a step's token budget holds one whole item.
         return {
-            modality: soft_token(media)[1] + 2 for modality, media in self.formats.items()
+            modality: soft_token(media)[1] + 2 * (modality != "video")
+            for modality, media in self.formats.items()
         }
 
 
@@ -285,6 +313,16 @@ class KerasHubDummyInputsBuilder(BaseDummyInputsBuilder[KerasHubProcessingInfo])
                 num_audios=mm_counts.get("audio", 0),
                 overrides=mm_options.get("audio"),
             )
+        video = self.info.video
+        if video is not None:
+            videos = self._get_dummy_videos(
+                width=size,
+                height=size,
+                num_frames=video["num_frames"],
+                num_videos=mm_counts.get("video", 0),
+                overrides=mm_options.get("video"),
+            )
+            data["video"] = [(frames, {"fps": video["fps"]}) for frames in videos]
         return data
 
 
@@ -297,6 +335,7 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
 
         from vllm_keras_hub.export.audio_format import clip_tokens
         from vllm_keras_hub.models.audio import to_features
+        from vllm_keras_hub.models.video import to_frames
 
         preset = self.info.get_hf_config().keras_hub_preset
         outputs = {}
@@ -306,24 +345,32 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
             for clip in hf_data["audio"]:
                 clip_tokens(self.info.audio, len(clip))  # Raises for a clip too short.
             outputs.update(to_features(preset, hf_data["audio"]))
+        if hf_data.get("videos"):
+            video = self.info.video
+            outputs.update(to_frames(preset, video, hf_data["videos"], video["fps"]))
         return BatchFeature(outputs)
 
     def _get_mm_fields_config(self, hf_inputs, hf_processor_mm_kwargs):
         from vllm.multimodal.inputs import MultiModalFieldConfig
 
-        return {
-            key: MultiModalFieldConfig.batched(
-                "audio" if key.startswith("input_features") else "image"
-            )
-            for key in hf_inputs
-        }
+        def modality(key):
+            if key.startswith("input_features"):
+                return "audio"
+            return "video" if key.startswith("video_") else "image"
+
+        return {key: MultiModalFieldConfig.batched(modality(key)) for key in hf_inputs}
 
     def _get_prompt_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs):
-        vocab = self.info.get_tokenizer().get_vocab()
+        from vllm_keras_hub.models.video import video_span
+
+        tokenizer = self.info.get_tokenizer()
+        vocab = tokenizer.get_vocab()
         updates = []
         for modality, media in self.info.formats.items():
 
             def replacement(index, modality=modality, media=media):
+                if modality == "video":
+                    return video_span(tokenizer, media, out_mm_kwargs["video"][index])
                 count = None
                 if modality == "audio":
                     count = clip_count(media, out_mm_kwargs["audio"][index])
@@ -342,12 +389,17 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
 
     def _apply_prompt_updates(self, token_ids, mm_prompt_updates):
         vocab = self.info.get_tokenizer().get_vocab()
-        spans = {
-            vocab[media["placeholder"]]: (
-                media["newlines"],
-                [list(item[0].content.full) for item in mm_prompt_updates.get(modality, ())],
-            )
-            for modality, media in self.info.formats.items()
-        }
+
+        def text_around(media, content):
+            if "video_token" in media:
+                return content.lead, ""
+            return media["newlines"], media["newlines"]
+
+        spans = {}
+        for modality, media in self.info.formats.items():
+            items = spans[vocab[media["placeholder"]]] = []
+            for item in mm_prompt_updates.get(modality, ()):
+                before, after = text_around(media, item[0].content)
+                items.append((before, list(item[0].content.full), after))
         new_ids = expand_placeholders(token_ids, self.info.get_tokenizer(), spans)
         return new_ids, self._find_mm_placeholders(new_ids, mm_prompt_updates)

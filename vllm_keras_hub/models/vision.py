@@ -22,7 +22,8 @@ take the image tokens' places as its backbone places them:
   per-layer token ids zero at image tokens (`is_multimodal`). With
   `use_vision_bidirectional_attention`, its sliding-window layers attend
   bidirectionally within each image; otherwise causal. It takes audio clips
-  too, encoded by its audio encoder and placed as images are (`audio.py`).
+  too, encoded by its audio encoder and placed as images are (`audio.py`),
+  and videos: frames through its vision encoder (`video.py`).
 The layers are `KerasHubForCausalLM`'s; the processor is `multimodal.py`'s.
 """
 
@@ -42,6 +43,7 @@ from vllm.multimodal import MULTIMODAL_REGISTRY  # noqa: E402
 
 from vllm_keras_hub.export.audio_format import read_audio_format  # noqa: E402
 from vllm_keras_hub.export.image_format import read_image_format  # noqa: E402
+from vllm_keras_hub.export.video_format import read_video_format  # noqa: E402
 from vllm_keras_hub.layers import image_attention  # noqa: E402
 from vllm_keras_hub.layers.attention import token_embedding  # noqa: E402
 from vllm_keras_hub.layers.attention import transformer_layers  # noqa: E402
@@ -54,6 +56,7 @@ from vllm_keras_hub.models.multimodal import KerasHubDummyInputsBuilder  # noqa:
 from vllm_keras_hub.models.multimodal import KerasHubMultiModalProcessor  # noqa: E402
 from vllm_keras_hub.models.multimodal import KerasHubProcessingInfo  # noqa: E402
 from vllm_keras_hub.models.probe import RouteError  # noqa: E402
+from vllm_keras_hub.models.video import embed_video  # noqa: E402
 
 _register = MULTIMODAL_REGISTRY.register_processor(
     KerasHubMultiModalProcessor,
@@ -77,8 +80,9 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
     placeholder = None
     family_name = None
 
-    # The same for an audio part, where the family takes audio.
+    # The same for audio and video parts, where the family takes them.
     audio_placeholder = None
+    video_placeholder = None
 
     @classmethod
     def get_placeholder_str(cls, modality, i):
@@ -86,15 +90,19 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
             return cls.placeholder
         if modality.startswith("audio") and cls.audio_placeholder:
             return cls.audio_placeholder
-        served = "images and audio" if cls.audio_placeholder else "images"
+        if modality.startswith("video") and cls.video_placeholder:
+            return cls.video_placeholder
+        served = ["images"] + ["audio"] * bool(cls.audio_placeholder)
+        served += ["video"] * bool(cls.video_placeholder)
         raise ValueError(
-            f"KerasHub {cls.family_name} presets take {served}, not {modality}."
+            f"KerasHub {cls.family_name} presets take {' and '.join(served)}, not {modality}."
         )
 
     def __init__(self, *, vllm_config, prefix=""):
         # Before the base class checks the engine settings against it.
         self.image = read_image_format(vllm_config.model_config.hf_config)
         self.audio = read_audio_format(vllm_config.model_config.hf_config)
+        self.video = read_video_format(vllm_config.model_config.hf_config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
 
     def load_preset(self, lora_weights=None):
@@ -108,13 +116,16 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
                 or (bidirectional == "sliding" and not layers[index].is_global_attention),
             )
         # Where images attend bidirectionally and clips come too, the image
-        # attention must see the image tokens alone: clips stay causal.
-        self._image_token_id = None
+        # attention must see the image (and video frame) tokens alone: clips
+        # stay causal.
+        self._image_token_ids = None
         if bidirectional and self.audio is not None:
             import keras_hub
 
             tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(self.preset)
-            self._image_token_id = tokenizer.token_to_id(self.image["image_token"])
+            tokens = [self.image["image_token"]]
+            tokens += [self.video["video_token"]] if self.video else []
+            self._image_token_ids = torch.tensor([tokenizer.token_to_id(t) for t in tokens])
 
     def _check_backbone(self, backbone):
         """Raises where the encoder would not fill an image's soft tokens
@@ -145,21 +156,27 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
         return self
 
     def embed_multimodal(self, **fields):
-        """The preset's vision encoder on a batch of images, or its audio
-        encoder on a batch of clips (vLLM batches one modality a call).
+        """The preset's vision encoder on a batch of images or videos, or
+        its audio encoder on a batch of clips (vLLM batches one modality a
+        call).
 
         Args:
             **fields: `pixel_values` (and Gemma4's `pixel_position_ids`),
                 one row per image, from the preset's image converter
-                (`multimodal.to_pixels`); or `input_features` and
-                `input_features_mask`, one per clip (`audio.to_features`).
+                (`multimodal.to_pixels`); `input_features` and
+                `input_features_mask`, one per clip (`audio.to_features`);
+                or Gemma4's `video_*` fields, one per video
+                (`video.to_frames`).
 
         Returns:
-            One `(tokens_per_image, hidden_size)` tensor per image, or
-            `(tokens_per_clip, hidden_size)` per clip.
+            One `(tokens_per_image, hidden_size)` tensor per image,
+            `(tokens_per_clip, hidden_size)` per clip, or `(frames *
+            tokens_per_frame, hidden_size)` per video.
         """
         if "input_features" in fields:
             return self._embed_clips(fields["input_features"], fields["input_features_mask"])
+        if "video_pixel_values" in fields:
+            return self._embed_videos(**fields)
         pixel_values = fields.get("pixel_values")
         if pixel_values is None:
             return []
@@ -168,6 +185,14 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
             for key, value in fields.items()
         }
         return tuple(self._encode(**fields).to(self._dtype))
+
+    def _embed_videos(self, video_pixel_values, video_pixel_position_ids, video_frame_tokens, **_):
+        return tuple(
+            embed_video(self.backbone, values, positions, count).to(self._dtype)
+            for values, positions, count in zip(
+                video_pixel_values, video_pixel_position_ids, video_frame_tokens, strict=True
+            )
+        )
 
     def _embed_clips(self, features, masks):
         return tuple(
@@ -189,8 +214,9 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
         """
         has_images = bool(multimodal_embeddings) and is_multimodal is not None
         is_image = is_multimodal
-        if has_images and self._image_token_id is not None:
-            is_image = is_multimodal & (input_ids == self._image_token_id)
+        if has_images and self._image_token_ids is not None:
+            ids = self._image_token_ids.to(input_ids.device)
+            is_image = is_multimodal & torch.isin(input_ids, ids)
         image_attention.set_step(is_image if has_images else None)
         if not has_images:
             return self._embed(input_ids, None, None)
@@ -272,6 +298,7 @@ class KerasHubGemma4VisionForCausalLM(_KerasHubImages):
 
     placeholder = "<|image|>"
     audio_placeholder = "<|audio|>"
+    video_placeholder = "<|video|>"
     family_name = "Gemma4"
 
     def _embed_clip(self, features, mask):

@@ -10,6 +10,11 @@ for images, so their steps are taken here with the preset's own parts
 - the text is tokenized whole, after the start token;
 - each image goes through the preset's `ImageConverter`, and the soft
   tokens are marked as the backbone's image inputs expect.
+A Gemma4 prompt may take one video instead of images (`testing.videos.Video`,
+as `Gemma4CausalLMPreprocessor` takes one per prompt, and images or a video,
+not both): its `<|video|>` becomes the preprocessor's own
+`_build_video_replacement` of the video's `video_metadata`, and its frames
+go through the preset's own `Gemma4VideoConverter`.
 """
 
 import keras
@@ -100,6 +105,33 @@ def _audio_inputs(causal_lm, tokenizer, token_ids, preset, clips):
     }
 
 
+def _video_inputs(tokenizer, preset, text, video):
+    """`text` with its `<|video|>` expanded, and the video's frames as the
+    backbone's image inputs, as `Gemma4CausalLMPreprocessor` makes them."""
+    import types
+
+    from keras_hub.src.models.gemma4.gemma4_causal_lm_preprocessor import (
+        Gemma4CausalLMPreprocessor as Preprocessor,
+    )
+
+    from vllm_keras_hub.export.video_format import load_video_converter
+
+    converter = load_video_converter(preset)
+    frames = np.asarray(video.frames, "float32")
+    assert len(frames) == converter.num_frames, "KerasHub times the frames it is given"
+    count = Preprocessor._compute_video_n_tokens(
+        types.SimpleNamespace(video_converter=converter), frames
+    )
+    replacement = Preprocessor._build_video_replacement(
+        None, count, video.metadata["frames_indices"], video.metadata["fps"]
+    )
+    assert text.count(tokenizer.video_placeholder) == 1, "one video per prompt"
+    text = text.replace(tokenizer.video_placeholder, replacement)
+    converted = converter._process_single_video(frames)
+    pixels = {k: keras.ops.convert_to_numpy(v) for k, v in converted.items()}
+    return text, pixels
+
+
 def image_prompt_inputs(
     causal_lm, tokenizer, converter, text, images, max_new_tokens, clips=(), preset=None
 ):
@@ -110,6 +142,11 @@ def image_prompt_inputs(
         `(prompt_ids, inputs)`: `inputs` for `generate()`'s function, or the
         backbone, with room for `max_new_tokens`.
     """
+    from vllm_keras_hub.testing.videos import Video
+
+    video = images if isinstance(images, Video) else None
+    if video is not None:
+        text, pixels = _video_inputs(tokenizer, preset, text, video)
     placeholder, expansion = _expansion(causal_lm, tokenizer, converter)
     text = text.replace(placeholder, expansion)
     if clips:
@@ -122,8 +159,9 @@ def image_prompt_inputs(
     padding_mask[0, : len(ids)] = True
     inputs = {"token_ids": token_ids, "padding_mask": padding_mask}
     if images:
-        inputs.update(_pixels(converter, images))
-        vision_mask = token_ids == tokenizer.token_to_id(tokenizer.image_placeholder)
+        inputs.update(_pixels(converter, images) if video is None else pixels)
+        soft = tokenizer.image_placeholder if video is None else tokenizer.video_placeholder
+        vision_mask = token_ids == tokenizer.token_to_id(soft)
         inputs["vision_mask"] = vision_mask.astype("int32")
         inputs["vision_indices"] = np.nonzero(vision_mask[0])[0][None].astype("int32")
     elif isinstance(causal_lm.backbone, keras_hub.models.Gemma3Backbone):

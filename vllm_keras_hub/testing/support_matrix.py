@@ -2,7 +2,7 @@
 
 `model_test.py` records each tiny preset's parity results and the attention
 features its served model used (`parallel_test.py` the parallel columns,
-`vision*_test.py` the images and audio columns); `conftest.py` writes the table to
+`vision*_test.py` the images, audio and video columns); `conftest.py` writes the table to
 `build/test-reports/support_matrix.md` when the session ends, and
 `scripts/update-reports` copies it into docs/supported-families.md.
 """
@@ -15,7 +15,7 @@ from vllm_keras_hub.settings import TENSOR_REFUSALS
 RESULTS = {}
 COLUMNS = (
     "batched", "chunked", "prefix_cache", "compiled", "tp2", "pp2", "window", "soft_cap",
-    "sinks", "moe", "images", "audio",
+    "sinks", "moe", "images", "audio", "video",
 )
 
 
@@ -56,8 +56,8 @@ def render():
         "chunked prefill | greedy parity, prefix-cache hit | greedy parity, compiled | "
         "greedy parity, 2 ranks (tensor parallel) | greedy parity, 2 stages (pipeline "
         "parallel) | sliding window | soft cap | sinks | MoE | images, greedy parity | "
-        "audio, greedy parity | chat format |",
-        "| --- " * 16 + "|",
+        "audio, greedy parity | video, greedy parity | chat format |",
+        "| --- " * 17 + "|",
     ]
     tested = set()
     for name, result in sorted(RESULTS.items()):
@@ -76,12 +76,12 @@ def render():
         if family.route is None:
             lines.append(
                 f"| {family.display_name} | | refused: {family.unsupported_reason} "
-                + "| " * 12 + "|"
+                + "| " * 13 + "|"
             )
         elif family.name not in tested and not family.embedder_only:
             lines.append(
                 f"| {family.display_name} | | not tested in this run "
-                + "| " * 12 + "|"
+                + "| " * 13 + "|"
             )
     return "\n".join(lines + _refusals()) + "\n"
 

@@ -22,8 +22,18 @@ def _image_converter(family, size):
     return converter[family](image_size=(size, size), **rescale)
 
 
+# The tiny Gemma4 video converter's frames per video (published: 32).
+GEMMA4_VIDEO_FRAMES = 4
+
+
 def build_tiny_vision_preset(
-    directory, family="gemma3", seed=0, image_weight=30.0, bidirectional=False, audio=False
+    directory,
+    family="gemma3",
+    seed=0,
+    image_weight=30.0,
+    bidirectional=False,
+    audio=False,
+    video=False,
 ):
     """A tiny preset with a vision encoder and an image converter.
 
@@ -42,6 +52,9 @@ def build_tiny_vision_preset(
         audio: Gemma3n and Gemma4: with a tiny audio encoder, the audio
             tokens and the preset's audio converter too, as the published
             Gemma3n and Gemma4 E2B and E4B presets have them.
+        video: Gemma4 only: with the preset's video converter too, as
+            every published Gemma4 preset has it (`GEMMA4_VIDEO_FRAMES`
+            frames per video, each of at most 70 soft tokens).
 
     Returns:
         `directory`.
@@ -71,6 +84,14 @@ def build_tiny_vision_preset(
     _image_converter(family, size).save_to_preset(directory)
     if audio:
         _audio_converter(family).save_to_preset(directory)
+    if video:
+        from keras_hub.src.models.gemma4.gemma4_video_converter import (
+            Gemma4VideoConverter,
+        )
+
+        Gemma4VideoConverter(
+            patch_size=8, num_frames=GEMMA4_VIDEO_FRAMES, scale=1 / 127.5, offset=-1.0
+        ).save_to_preset(directory)
     return directory
 
 
