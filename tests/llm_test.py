@@ -109,7 +109,7 @@ def test_the_cpu_default_kv_cache_is_2_gib(gemma_preset):
     assert 0.9 * asked <= allocated <= asked
 
 
-def test_unsupported_pipeline_parallelism_is_refused_before_an_engine_starts(
+def test_unsupported_settings_are_refused_before_an_engine_starts(
     gemma_preset, tmp_path
 ):
     from vllm_keras_hub.lora.adapters import UnsupportedLoraError
@@ -121,6 +121,11 @@ def test_unsupported_pipeline_parallelism_is_refused_before_an_engine_starts(
     with pytest.raises(UnsupportedLoraError, match="pipeline_parallel_size=2"):
         KerasHubLLM(
             f"keras_hub:{gemma_preset}", pipeline_parallel_size=2, enable_lora=True
+        )
+    # A filter of vLLM's module names could wrap an MoE family's experts.
+    with pytest.raises(UnsupportedLoraError, match="--lora-target-modules .*Serve without"):
+        KerasHubLLM(
+            f"keras_hub:{gemma_preset}", enable_lora=True, lora_target_modules=["experts"]
         )
 
 

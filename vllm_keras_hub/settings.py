@@ -329,7 +329,7 @@ def check(family, image, values):
             kv_connector=_kv_connector(values.get("kv_transfer_config")),
         )
     if values.get("enable_lora"):
-        check_lora_serving(tensor, pipeline)
+        check_lora_serving(tensor, pipeline, values.get("lora_target_modules"))
     speculative.check(
         values.get("speculative_config"),
         pipeline,

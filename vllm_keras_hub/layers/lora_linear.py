@@ -107,11 +107,11 @@ def restrict_lora_manager(lora_config, layers):
     Its `target_modules` filter takes full module names: with it, modules
     outside them (an MoE family's `FusedMoE` experts, which KerasHub
     adapters never target) stay unwrapped. A user's own
-    `--lora-target-modules` is kept.
+    `--lora-target-modules` is refused at start-up
+    (`lora.adapters.check_lora_serving`).
 
     Args:
         lora_config: The engine's `LoRAConfig`.
         layers: The `ModuleDict` registered as the model's `lora_layers`.
     """
-    if lora_config.target_modules is None:
-        lora_config.target_modules = [f"{MODULES}.{key}" for key in layers]
+    lora_config.target_modules = [f"{MODULES}.{key}" for key in layers]

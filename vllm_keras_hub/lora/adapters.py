@@ -45,8 +45,25 @@ class UnsupportedLoraError(ValueError):
     """LoRA adapters per request asked for where they cannot be served."""
 
 
-def check_lora_serving(tensor_parallel_size, pipeline_parallel_size=1):
-    """Raises unless adapters per request can be served at this size."""
+def check_lora_serving(tensor_parallel_size, pipeline_parallel_size=1, target_modules=None):
+    """Raises unless adapters per request can be served at this size, with
+    vLLM's LoRA manager wrapping the KerasHub matmuls and nothing else.
+
+    Args:
+        tensor_parallel_size: vLLM's `tensor_parallel_size`.
+        pipeline_parallel_size: vLLM's `pipeline_parallel_size`.
+        target_modules: vLLM's `lora_target_modules`, the user's filter.
+    """
+    if target_modules:
+        # `layers/lora_linear.restrict_lora_manager` sets the filter to the
+        # matmuls it hands vLLM; a user's filter names vLLM's modules, and
+        # could wrap an MoE family's experts in a kernel the CPU lacks.
+        raise UnsupportedLoraError(
+            f"--lora-target-modules ({target_modules}) is not taken for a "
+            "KerasHub preset: vllm-keras-hub hands vLLM's LoRA layers exactly "
+            "the matmuls KerasHub adapters target, and each adapter applies "
+            "to those it has. Serve without it."
+        )
     for name, size in (
         ("tensor", tensor_parallel_size),
         ("pipeline", pipeline_parallel_size),
