@@ -5,6 +5,7 @@
     .venv/bin/python bench/images.py --family gemma4     # about 10 min
     .venv/bin/python bench/images.py --family gemma3n_audio  # one 10 s clip
     .venv/bin/python bench/images.py --family gemma4_audio   # one 10 s clip
+    .venv/bin/python bench/images.py --family gemma4_video   # one 32-frame video
     .venv/bin/python bench/images.py --quick             # smoke run
 
 A random-weight preset of each family, float32, made once under
@@ -17,7 +18,10 @@ A random-weight preset of each family, float32, made once under
 - `gemma4`: a ViT of SigLIP-base's size (12 layers, hidden 768) in
   16-pixel patches, the converter's 2520 patches pooled by 3 to 280 soft
   tokens, attending bidirectionally within each image (as the 26B and 31B
-  presets).
+  presets);
+- `gemma4_video`: the same, causal (as E2B and E4B), with the published
+  video converter's settings: 32 frames of 480x640 pixels, each at most 70
+  soft tokens (here 63), about 2,300 tokens a video.
 Each system runs in its own subprocess, one after another, on one prompt
 with one image, a new image each run (so no encoder or prefix cache helps),
 and generates one token:
@@ -49,6 +53,7 @@ PROMPTS = {
     "gemma3n_audio": "<start_of_audio> Transcribe this clip.",
     "gemma4": "<|image|> Describe this image in one word.",
     "gemma4_audio": "<|audio|> Transcribe this clip.",
+    "gemma4_video": "<|video|> Describe this video.",
 }
 SYSTEMS = ("keras_hub", "keras_generate")
 _TEXT = dict(num_layers=8, hidden_dim=640, intermediate_dim=2048)
@@ -171,6 +176,17 @@ def _gemma4_audio(tokenizer):
     return causal_lm, Gemma4AudioConverter()
 
 
+def _gemma4_video(tokenizer):
+    """`_gemma4`, causal, with the published video converter's settings."""
+    from keras_hub.src.models.gemma4.gemma4_video_converter import Gemma4VideoConverter
+
+    causal_lm, _ = _gemma4(tokenizer, use_vision_bidirectional_attention=False)
+    converter = Gemma4VideoConverter(
+        patch_size=16, max_soft_tokens=70, num_frames=32, scale=1 / 127.5, offset=-1.0
+    )
+    return causal_lm, converter
+
+
 def make_preset(family):
     """The bench preset's folder, built once."""
     import keras
@@ -180,6 +196,7 @@ def make_preset(family):
     names = {"gemma3": "gemma3-vision-siglip-base", "gemma3n": "gemma3n-mobilenetv5-300m",
              "gemma3n_audio": "gemma3n-mobilenetv5-300m-audio",
              "gemma4_audio": "gemma4-vit-base-conformer",
+             "gemma4_video": "gemma4-vit-base-video",
              "gemma4": "gemma4-vision-vit-base-bidirectional"}  # fmt: skip
     folder = os.path.expanduser(f"~/.cache/vllm-keras-hub/bench/{names[family]}")
     if os.path.exists(os.path.join(folder, "task.json")):
@@ -198,7 +215,7 @@ def make_preset(family):
         Gemma3nImageConverter(image_size=(768, 768), scale=1 / 127.5, offset=-1.0).save_to_preset(
             folder
         )
-    if family == "gemma4_audio":
+    if family in ("gemma4_audio", "gemma4_video"):
         from keras_hub.src.models.gemma4.gemma4_image_converter import Gemma4ImageConverter
 
         Gemma4ImageConverter(patch_size=16, scale=1 / 127.5, offset=-1.0).save_to_preset(folder)
@@ -213,9 +230,23 @@ def _clips(count):
     return [(rng.standard_normal(160000) * 0.1).astype("float32") for _ in range(count)]
 
 
+def _videos(count):
+    """32 frames of 480x640 noise, the 15th of a 30 fps source (as vLLM's
+    loader samples a 16 s video), a new video each run."""
+    import numpy as np
+
+    from vllm_keras_hub.testing.videos import Video
+
+    rng = np.random.default_rng(1)
+    metadata = {"frames_indices": [15 * i for i in range(32)], "fps": 30.0}
+    return [Video(rng.integers(0, 255, (32, 480, 640, 3), np.uint8), metadata) for _ in range(count)]
+
+
 def _media(prompt, count):
     if "<start_of_audio>" in prompt or "<|audio|>" in prompt:
         return [("audio", (clip, 16000)) for clip in _clips(count)]
+    if "<|video|>" in prompt:
+        return [("video", video) for video in _videos(count)]
     return [("image", image) for image in _images(count)]
 
 
@@ -236,7 +267,10 @@ def run_keras_hub(preset, runs, prompt):
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     rows = []
     with in_process_llm(
-        f"keras_hub:{preset}", max_model_len=512, enable_prefix_caching=False, block_size=32
+        f"keras_hub:{preset}",
+        max_model_len=4096 if "<|video|>" in prompt else 512,
+        enable_prefix_caching=False,
+        block_size=32,
     ) as llm:
         model = served_model(llm)
         embed = model.embed_multimodal
@@ -272,6 +306,8 @@ def run_keras_generate(preset, runs, prompt):
     for modality, item in _media(prompt, runs + 1):
         start = time.perf_counter()
         images, clips = ([item], ()) if modality == "image" else ([], [item[0]])
+        if modality == "video":
+            images, clips = item, ()
         _, inputs = image_prompt_inputs(
             causal_lm, tokenizer, converter, prompt, images, 1, clips=clips, preset=preset
         )
@@ -344,9 +380,11 @@ def main():
     names = list(summary)
     encoder = [summary[n]["encoder_s"] for n in names]
     rest = [summary[n]["ttft_s"] - summary[n]["encoder_s"] for n in names]
-    ax.barh(names, encoder, label="audio encoder" if "audio" in args.family else "vision encoder")
+    audio = "audio" in args.family
+    ax.barh(names, encoder, label="audio encoder" if audio else "vision encoder")
     ax.barh(names, rest, left=encoder, label="the rest (prefill, preprocessing, first token)")
-    ax.set_xlabel(f"time to first token, one {'clip' if 'audio' in args.family else 'image'} (s, median)")
+    item = "clip" if audio else "video" if "video" in args.family else "image"
+    ax.set_xlabel(f"time to first token, one {item} (s, median)")
     ax.legend(loc="lower right", fontsize=7)
     ax.set_title(f"{args.family}: {os.path.basename(preset)}", fontsize=8)
     fig.tight_layout()

@@ -64,13 +64,15 @@ def test_a_consumer_decodes_from_the_producers_kv(family, shared, tmp_path):
     assert sum(output.num_cached_tokens for output in outputs) >= 2 * BLOCK
 
 
-def test_images_and_clips_are_encoded_on_the_prefill_side_only(shared, tmp_path):
-    """A Gemma4 preset with images and audio: where the consumer loads the
-    KV of every block holding an image's or a clip's tokens, it runs no
+def test_images_clips_and_videos_are_encoded_on_the_prefill_side_only(shared, tmp_path):
+    """A Gemma4 preset with images, audio and video: where the consumer
+    loads the KV of every block holding an image's, a clip's or a video's
+    tokens, it runs no
     encoder (its encoder calls are counted); where an image reaches into
     the last partial block, which it computes, it encodes that image. Every
     row is `generate()`'s tokens."""
     from vllm_keras_hub.testing import audio
+    from vllm_keras_hub.testing import videos
     from vllm_keras_hub.testing.engines import served_model
     from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
     from vllm_keras_hub.testing.images import IMAGES
@@ -81,6 +83,7 @@ def test_images_and_clips_are_encoded_on_the_prefill_side_only(shared, tmp_path)
     prompts = [
         ("Look at <|image|>" + tail, [IMAGES[1]]),
         ("Listen to <|audio|>" + tail, [], [audio.noise_clip(4, seconds=2.0)]),
+        ("Watch <|video|>" + tail, videos.random_video(7)),
         # The image ends the prompt: its last tokens are the consumer's.
         ("Look at <|image|>", [IMAGES[2]]),
     ]
@@ -89,9 +92,10 @@ def test_images_and_clips_are_encoded_on_the_prefill_side_only(shared, tmp_path)
         block_size=BLOCK,
         enable_prefix_caching=False,
         max_model_len=1024,
-        limit_mm_per_prompt={"image": 1, "audio": 1},
+        limit_mm_per_prompt={"image": 1, "audio": 1, "video": 1},
     )
     requests = [audio.request(*prompt) for prompt in prompts]
+    requests[2] = videos.request(prompts[2][0], video=prompts[2][1])
 
     def counting(llm):
         model, calls = served_model(llm), []
@@ -107,9 +111,9 @@ def test_images_and_clips_are_encoded_on_the_prefill_side_only(shared, tmp_path)
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
     with in_process_llm(f"keras_hub:{preset}", kv_transfer_config=consumer, **settings) as llm:
         consumed = counting(llm)
-        outputs = llm.generate(requests[:2], greedy, use_tqdm=False)
+        outputs = llm.generate(requests[:3], greedy, use_tqdm=False)
         assert len(produced) >= 1 and consumed == []
-        outputs += llm.generate(requests[2:], greedy, use_tqdm=False)
+        outputs += llm.generate(requests[3:], greedy, use_tqdm=False)
         assert len(consumed) == 1
     assert_tokens(outputs, expected)
     for output, (prompt_ids, _) in zip(outputs, expected, strict=True):

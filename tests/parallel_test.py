@@ -25,6 +25,7 @@ from tests.model_test import MAX_NEW_TOKENS
 from tests.model_test import PROMPTS
 from vllm_keras_hub.testing import audio
 from vllm_keras_hub.testing import support_matrix
+from vllm_keras_hub.testing import videos
 from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
 from vllm_keras_hub.testing.images import assert_tokens
 from vllm_keras_hub.testing.images import batch_prompts
@@ -266,7 +267,8 @@ def test_tensor_parallel_images_match_generate(family, shared):
     which embeds the images itself, so no image embedding crosses ranks
     (vLLM's own Gemma3 shards its SigLIP tower instead). Gemma3n: its
     MobileNet-v5 encoder, its audio encoder, and its text layers' AltUp and
-    per-layer inputs. Gemma4: its audio encoder too.
+    per-layer inputs. Gemma4: its audio encoder too, and a video's frames
+    through its vision encoder.
     """
     placeholder, engine = IMAGE_CASES[family]
     preset = shared.vision_preset(family)
@@ -277,6 +279,9 @@ def test_tensor_parallel_images_match_generate(family, shared):
         clip = audio.noise_clip(0)
         prompts.append((f"Listen: {AUDIO_PLACEHOLDERS[family]} what?", [], [clip]))
         limits["audio"] = 1
+    if family == "gemma4":
+        prompts.append(("Watch: <|video|> what?", videos.random_video(1)))
+        limits["video"] = 1
     expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
     # The image decides the answer: the same text, another image.
     assert expected[0][1] != expected[3][1]
@@ -287,9 +292,13 @@ def test_tensor_parallel_images_match_generate(family, shared):
         enforce_eager=True,
         **engine,
     ) as llm:
-        outputs = llm.generate(
-            [audio.request(*prompt) for prompt in prompts], GREEDY, use_tqdm=False
-        )
+        requests = [
+            videos.request(text, video=media[0])
+            if isinstance(media[0], videos.Video)
+            else audio.request(text, *media)
+            for text, *media in prompts
+        ]
+        outputs = llm.generate(requests, GREEDY, use_tqdm=False)
         reports = llm.collective_rpc(rank_report)
     row = f"{family} + vision encoder"
     backbone = TINY_FAMILIES[family][1]

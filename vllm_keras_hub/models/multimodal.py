@@ -346,8 +346,7 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
                 clip_tokens(self.info.audio, len(clip))  # Raises for a clip too short.
             outputs.update(to_features(preset, hf_data["audio"]))
         if hf_data.get("videos"):
-            video = self.info.video
-            outputs.update(to_frames(preset, video, hf_data["videos"], video["fps"]))
+            outputs.update(to_frames(preset, self.info.video, hf_data["videos"]))
         return BatchFeature(outputs)
 
     def _get_mm_fields_config(self, hf_inputs, hf_processor_mm_kwargs):

@@ -49,7 +49,7 @@ def kept_frames(total, num_frames):
     return ops.convert_to_numpy(indices).tolist()
 
 
-def to_frames(preset, video, items, default_fps):
+def to_frames(preset, video, items):
     """The preset's video converter on each video, as the model's inputs.
 
     Args:
@@ -58,8 +58,7 @@ def to_frames(preset, video, items, default_fps):
         items: vLLM's parsed videos: `(frames, metadata)` pairs, `frames`
             an array of `(frames, height, width, 3)` pixels, `metadata`
             vLLM's (`frames_indices`: each frame's index in the source;
-            `fps`: the source's frame rate).
-        default_fps: The frame rate of a video whose metadata gives none.
+            `fps`: the source's frame rate, else the format's `fps`).
 
     Returns:
         A dict of tensors, one row per video: `video_pixel_values`
@@ -85,7 +84,7 @@ def to_frames(preset, video, items, default_fps):
                 f"The video's metadata gives {len(indices)} frame indices "
                 f"for its {len(frames)} frames."
             )
-        fps = float(metadata.get("fps") or default_fps)
+        fps = float(metadata.get("fps") or video["fps"])
         kept = kept_frames(len(frames), video["num_frames"])
         converted = converter._process_single_video(frames)
         rows.append(

@@ -77,7 +77,7 @@ class Shared:
     def vision_preset(self, family="gemma3", bidirectional=False):
         """The tiny preset with a served vision encoder and image converter
         (Gemma3n's, and causal Gemma4's, with an audio encoder and converter
-        too, as published)."""
+        too, and Gemma4's with a video converter, as published)."""
         from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
 
         audio = family == "gemma3n" or (family == "gemma4" and not bidirectional)
@@ -86,10 +86,17 @@ class Shared:
         seed = 2 if family == "gemma4" and audio else 0
         name = f"presets/{family}-vision" + ("-bidirectional" if bidirectional else "")
         name += "-audio" if audio else ""
+        video = family == "gemma4"
+        name += "-video" if video else ""
         return self._made_once(
             name,
             lambda path: build_tiny_vision_preset(
-                path, family=family, seed=seed, bidirectional=bidirectional, audio=audio
+                path,
+                family=family,
+                seed=seed,
+                bidirectional=bidirectional,
+                audio=audio,
+                video=video,
             ),
         )
 
