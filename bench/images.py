@@ -239,7 +239,8 @@ def _videos(count):
 
     rng = np.random.default_rng(1)
     metadata = {"frames_indices": [15 * i for i in range(32)], "fps": 30.0}
-    return [Video(rng.integers(0, 255, (32, 480, 640, 3), np.uint8), metadata) for _ in range(count)]
+    shape = (32, 480, 640, 3)
+    return [Video(rng.integers(0, 255, shape, np.uint8), metadata) for _ in range(count)]
 
 
 def _media(prompt, count):
