@@ -138,14 +138,6 @@ def read_audio_format(config):
     Raises:
         ValueError: a folder exported by an older vllm-keras-hub.
     """
-    audio = getattr(config, "keras_hub_audio", None)
-    if audio is None:
-        return None
-    missing = [field for field in FIELDS if field not in audio]
-    if missing:
-        raise ValueError(
-            f"This model folder's audio format lacks {missing}: it was "
-            "exported by an older vllm-keras-hub. Export it again "
-            "(`vllm-keras-hub export`)."
-        )
-    return audio
+    from vllm_keras_hub.export.hf_config import read_media_format
+
+    return read_media_format(config, "audio", FIELDS)

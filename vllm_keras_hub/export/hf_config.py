@@ -106,6 +106,31 @@ def hybrid_fields(backbone_config):
     return dict(architectures=[HYBRID_ARCHITECTURE], layer_types=list(layer_types), **fields)
 
 
+def read_media_format(config, modality, fields):
+    """A model folder's `keras_hub_<modality>` format, checked whole, or
+    `None` where the preset is served without that modality.
+
+    Args:
+        config: The folder's `KerasHubConfig`.
+        modality: `"image"`, `"audio"` or `"video"`.
+        fields: Every field the format must have.
+
+    Raises:
+        ValueError: a folder exported by an older vllm-keras-hub.
+    """
+    media = getattr(config, f"keras_hub_{modality}", None)
+    if media is None:
+        return None
+    missing = [field for field in fields if field not in media]
+    if missing:
+        raise ValueError(
+            f"This model folder's {modality} format lacks {missing}: it was "
+            "exported by an older vllm-keras-hub. Export it again "
+            "(`vllm-keras-hub export`)."
+        )
+    return media
+
+
 def register_config():
     """Teaches transformers' `AutoConfig` our model type. Re-entrant."""
     try:

@@ -19,6 +19,7 @@ processor (`multimodal.py`) and the model class (`vision.py`):
 """
 
 from vllm_keras_hub.export.hf_config import VISION_ARCHITECTURES
+from vllm_keras_hub.export.hf_config import read_media_format
 
 
 def _converter(preset):
@@ -113,15 +114,7 @@ def read_image_format(config):
     Raises:
         ValueError: a folder exported by an older vllm-keras-hub.
     """
-    image = config.keras_hub_image
-    missing = [field for field in FIELDS if field not in image]
-    if missing:
-        raise ValueError(
-            f"This model folder's image format lacks {missing}: it was "
-            "exported by an older vllm-keras-hub. Export it again "
-            "(`vllm-keras-hub export`)."
-        )
-    return image
+    return read_media_format(config, "image", FIELDS)
 
 
 def needs_whole_images(image):

@@ -12,7 +12,7 @@ processor (`models/multimodal.py`, `models/video.py`) and the model class:
   `Gemma4CausalLMPreprocessor._build_video_replacement` writes it:
   `mm:ss <|image>` + `<|video|>` per soft token + `<image|>`, the frames
   joined by a space, the timestamps from each frame's source index and the
-  video's frame rate;
+  video's frame rate (`replacement`, KerasHub's own writer);
 - `num_frames`, `max_soft_tokens`, `patch_size`, `pooling`: the
   converter's frames per video and their soft tokens' bound and shape;
 - `fps`: the preprocessor's `video_fps`, for a video whose metadata gives
@@ -103,17 +103,9 @@ def read_video_format(config):
     Raises:
         ValueError: a folder exported by an older vllm-keras-hub.
     """
-    video = getattr(config, "keras_hub_video", None)
-    if video is None:
-        return None
-    missing = [field for field in FIELDS if field not in video]
-    if missing:
-        raise ValueError(
-            f"This model folder's video format lacks {missing}: it was "
-            "exported by an older vllm-keras-hub. Export it again "
-            "(`vllm-keras-hub export`)."
-        )
-    return video
+    from vllm_keras_hub.export.hf_config import read_media_format
+
+    return read_media_format(config, "video", FIELDS)
 
 
 def frame_tokens(video, height, width):
@@ -128,7 +120,19 @@ def frame_tokens(video, height, width):
     )
 
 
-def timestamp(seconds):
-    """A frame's `mm:ss` from its time in the source (its index over the
-    frame rate), as `_build_video_replacement` writes it."""
-    return f"{int(seconds // 60):02d}:{int(seconds % 60):02d}"
+def replacement(count, frames_indices, fps):
+    """A video's span as text, written by `Gemma4CausalLMPreprocessor`'s
+    own `_build_video_replacement` (it reads nothing of its preprocessor).
+
+    Args:
+        count: Each frame's soft tokens.
+        frames_indices: The kept frames' indices in the source.
+        fps: The source's frame rate.
+    """
+    from keras_hub.src.models.gemma4.gemma4_causal_lm_preprocessor import (
+        Gemma4CausalLMPreprocessor,
+    )
+
+    return Gemma4CausalLMPreprocessor._build_video_replacement(
+        None, count, frames_indices, fps
+    )

@@ -11,7 +11,6 @@ import pytest
 from vllm_keras_hub.export.preset_folder import read_preset
 from vllm_keras_hub.export.video_format import frame_tokens
 from vllm_keras_hub.export.video_format import read_video_format
-from vllm_keras_hub.export.video_format import timestamp
 from vllm_keras_hub.export.video_format import video_fields
 from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
 
@@ -60,18 +59,6 @@ def test_the_converter_loads_where_keras_hubs_own_from_preset_fails(preset):
         VideoConverter.from_preset(preset)
     converter = load_video_converter(preset)
     assert isinstance(converter, Gemma4VideoConverter) and converter.num_frames == 4
-
-
-def test_timestamps_as_the_preprocessor_writes_them():
-    from keras_hub.src.models.gemma4.gemma4_causal_lm_preprocessor import (
-        Gemma4CausalLMPreprocessor,
-    )
-
-    indices, fps = [0, 59, 61, 1799, 90000], 30.0
-    replacement = Gemma4CausalLMPreprocessor._build_video_replacement(None, 1, indices, fps)
-    stamps = [timestamp(index / fps) for index in indices]
-    assert stamps == ["00:00", "00:01", "00:02", "00:59", "50:00"]
-    assert replacement == " ".join(f"{s} <|image><|video|><image|>" for s in stamps)
 
 
 def test_presets_served_without_video(tmp_path, preset):

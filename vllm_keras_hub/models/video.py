@@ -27,7 +27,7 @@ from vllm.multimodal.processing.processor import PromptUpdateDetails
 
 from vllm_keras_hub.export.video_format import TIMESTAMP_TOKENS
 from vllm_keras_hub.export.video_format import frame_tokens
-from vllm_keras_hub.export.video_format import timestamp
+from vllm_keras_hub.export.video_format import replacement
 
 
 @functools.lru_cache(maxsize=4)
@@ -64,8 +64,9 @@ def to_frames(preset, video, items):
         A dict of tensors, one row per video: `video_pixel_values`
         (`(videos, num_frames, patches, 3 * patch_size**2)`),
         `video_pixel_position_ids` (`(videos, num_frames, patches, 2)`),
-        `video_frame_tokens` (each frame's soft tokens) and `video_seconds`
-        (each kept frame's time in the source, float64).
+        `video_frame_tokens` (each frame's soft tokens), and the
+        timestamps' inputs: `video_frame_indices` (each kept frame's index
+        in the source) and `video_fps` (the source's frame rate).
     """
     from keras import ops
 
@@ -94,7 +95,8 @@ def to_frames(preset, video, items):
                     converted["pixel_position_ids"]
                 )[0],
                 "video_frame_tokens": np.int64(frame_tokens(video, *frames.shape[1:3])),
-                "video_seconds": np.array([indices[i] / fps for i in kept], "float64"),
+                "video_frame_indices": np.array([indices[i] for i in kept], "int64"),
+                "video_fps": np.float64(fps),
             }
         )
     return {key: torch.from_numpy(np.stack([row[key] for row in rows])) for key in rows[0]}
@@ -119,25 +121,23 @@ def video_span(tokenizer, video, fields):
     Returns:
         A `VideoSpan` whose embeddings go to its `<|video|>` tokens.
     """
-    vocab = tokenizer.get_vocab()
-    count = int(fields["video_frame_tokens"].data)
-    stamps = [timestamp(seconds) for seconds in fields["video_seconds"].data.tolist()]
-    frame = [vocab[video["start_token"]]]
-    frame += [vocab[video["video_token"]]] * count + [vocab[video["end_token"]]]
-    # Between two special tokens, a timestamp is tokenized alone.
-    full = list(frame)
-    for stamp in stamps[1:]:
-        full += tokenizer.encode(f" {stamp} ", add_special_tokens=False) + frame
+    text = replacement(
+        int(fields["video_frame_tokens"].data),
+        fields["video_frame_indices"].data.tolist(),
+        float(fields["video_fps"].data),
+    )
+    # Special tokens split both tokenizers' text, so the span from the first
+    # `<|image>` on is tokenized alone; the first timestamp before it is not.
+    lead, start, rest = text.partition(video["start_token"])
+    full = tokenizer.encode(start + rest, add_special_tokens=False)
     if len(full) + TIMESTAMP_TOKENS > video["tokens_per_video"]:
         raise ValueError(
             f"This video's span takes {len(full)} tokens and its first "
             f"timestamp, more than the {video['tokens_per_video']} vLLM was "
             "given as a video's most: its timestamps are too long."
         )
-    soft = vocab[video["video_token"]]
-    return VideoSpan(
-        full=full, is_embed=lambda ids: torch.tensor(ids) == soft, lead=f"{stamps[0]} "
-    )
+    soft = tokenizer.get_vocab()[video["video_token"]]
+    return VideoSpan(full=full, is_embed=lambda ids: torch.tensor(ids) == soft, lead=lead)
 
 
 def embed_video(backbone, pixel_values, pixel_position_ids, count):

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from vllm_keras_hub.export.video_format import timestamp
 from vllm_keras_hub.models.video import kept_frames
 from vllm_keras_hub.models.video import to_frames
 from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
@@ -29,7 +28,7 @@ def _format(preset):
 def test_the_frames_kept_are_the_converters_own(preset):
     """Of 10 frames the converter keeps 4 (`linspace`, cast): the fields
     hold those frames' pixels, converted as the converter converts them,
-    and their times in the source."""
+    and their indices in the source."""
     from vllm_keras_hub.models.video import _video_converter
 
     video = _format(preset)
@@ -41,8 +40,8 @@ def test_the_frames_kept_are_the_converters_own(preset):
         np.asarray(ten.frames[kept], "float32")
     )
     np.testing.assert_array_equal(fields["video_pixel_values"][0], alone["pixel_values"][0])
-    seconds = fields["video_seconds"][0].tolist()
-    assert [timestamp(s) for s in seconds] == ["00:00", "00:07", "00:14", "00:21"]
+    assert fields["video_frame_indices"][0].tolist() == [0, 21, 42, 63]
+    assert float(fields["video_fps"][0]) == 3.0
     assert fields["video_frame_tokens"].tolist() == [63]
 
 
