@@ -43,9 +43,10 @@ def register():
             embedder.EMBEDDING_ARCHITECTURE, EMBEDDING_ARCHITECTURE_CLASS
         )
     for architecture in config.VISION_ARCHITECTURES.values():
+        module = "prefix_lm" if architecture == config.PREFIX_LM_ARCHITECTURE else "vision"
         if architecture not in supported:
             ModelRegistry.register_model(
-                architecture, f"vllm_keras_hub.models.vision:{architecture}"
+                architecture, f"vllm_keras_hub.models.{module}:{architecture}"
             )
     # For tokenizers that cannot be exported exactly: keras-hub's own adapter,
     # through a module that first makes Keras use torch.
@@ -57,6 +58,17 @@ def register():
     RENDERER_REGISTRY.register(
         config.KERAS_HUB_TOKENIZER_MODE, "vllm.renderers.hf", "HfRenderer"
     )
+    image_first = config.IMAGE_FIRST_TOKENIZER_MODES
+    TokenizerRegistry.register(image_first["auto"], "vllm.tokenizers.hf", "CachedHfTokenizer")
+    TokenizerRegistry.register(
+        image_first["keras_hub"],
+        "vllm_keras_hub.export.keras_hub_tokenizers",
+        "KerasHubTokenizer",
+    )
+    for mode in image_first.values():
+        RENDERER_REGISTRY.register(
+            mode, "vllm_keras_hub.entrypoints.image_first_renderer", "ImageFirstRenderer"
+        )
     TokenizerRegistry.register(
         config.KERAS_HUB_EMBEDDER_TOKENIZER_MODE,
         "vllm_keras_hub.export.keras_hub_tokenizers",

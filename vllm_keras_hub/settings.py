@@ -10,6 +10,10 @@ import os
 
 from vllm_keras_hub import speculative
 from vllm_keras_hub.export.image_format import needs_whole_images
+from vllm_keras_hub.image_settings import UnsupportedImageServingError  # noqa: F401
+from vllm_keras_hub.image_settings import check_image_settings
+from vllm_keras_hub.image_settings import check_prefix_lm_settings
+from vllm_keras_hub.image_settings import image_limit
 from vllm_keras_hub.lora.adapters import check_lora_serving
 
 # The audio decoder a preset with audio is served with: PyAV, the one the
@@ -38,6 +42,10 @@ PIPELINE_REFUSALS = {
         "its KV-sharing layers read the keys and values of layers that "
         "can be in another stage, and its per-layer inputs come from the "
         "token embedding"
+    ),
+    "PaliGemmaBackbone": (
+        "every prompt starts with an image, and images are not served with "
+        "pipeline parallelism yet"
     ),
 }
 
@@ -101,6 +109,7 @@ _HYBRID_SHARDS = (
 TENSOR_REFUSALS = {
     "Qwen3_5Backbone": _HYBRID_SHARDS,
     "Qwen3_5MoeBackbone": _HYBRID_SHARDS,
+    "PaliGemmaBackbone": "its ViT and its decoder are not sharded across ranks yet",
 }
 
 
@@ -174,19 +183,6 @@ def check_hybrid_settings(
         )
 
 
-class UnsupportedImageServingError(ValueError):
-    """Engine settings under which images cannot be served exactly."""
-
-
-def image_limit(limit_mm_per_prompt):
-    """The image limit per prompt of vLLM's `limit_mm_per_prompt`, or `None`."""
-    limit = (limit_mm_per_prompt or {}).get("image")
-    if isinstance(limit, dict):
-        limit = limit.get("count")
-    return limit
-
-
-
 def default_media_io(audio, video):
     """The `media_io_kwargs` `serve` sets for a preset's audio and video.
 
@@ -204,81 +200,6 @@ def default_media_io(audio, video):
         # default is 32, as published), so the converter keeps them all.
         media_io["video"] = {"num_frames": video["num_frames"]}
     return media_io
-
-
-def check_image_settings(
-    image,
-    images_per_prompt,
-    chunked_prefill,
-    chunked_images,
-    pipeline_parallel_size=1,
-    scheduler_cls=None,
-):
-    """Raises for engine settings under which images would not be exact.
-
-    Part of `check`; `settle` first sets `disable_chunked_mm_input` and
-    `scheduler_cls` where images attend bidirectionally.
-
-    Args:
-        image: The preset's `keras_hub_image` config.
-        images_per_prompt: vLLM's image limit per prompt (0: text only;
-            `None`: vLLM's default).
-        chunked_prefill: vLLM's `enable_chunked_prefill`.
-        chunked_images: Whether vLLM may split an image over two steps
-            (`not disable_chunked_mm_input`).
-        pipeline_parallel_size: vLLM's `pipeline_parallel_size`.
-        scheduler_cls: vLLM's `scheduler_cls`.
-
-    Raises:
-        UnsupportedImageServingError: naming the setting and the fix.
-    """
-    from vllm.platforms import current_platform
-
-    if images_per_prompt == 0:
-        return
-    text_only = "Serve text only with --limit-mm-per-prompt '{\"image\": 0}'."
-    if pipeline_parallel_size and pipeline_parallel_size > 1:
-        raise UnsupportedImageServingError(
-            f"Images are not served with pipeline parallelism yet. {text_only}"
-        )
-    if not needs_whole_images(image):
-        return
-    if image["bidirectional"] == "sliding" and image["tokens_per_image"] > image["window"]:
-        # Its mask is (causal and windowed) or within the image; the second
-        # attention call computes the window's band, the same only while
-        # an image fits in the window.
-        raise UnsupportedImageServingError(
-            f"This preset attends bidirectionally within each image's "
-            f"{image['tokens_per_image']} tokens, more than its sliding window "
-            f"of {image['window']}, which vllm-keras-hub does not compute yet. "
-            f"{text_only}"
-        )
-    if not current_platform.is_cpu():
-        raise UnsupportedImageServingError(
-            "This preset attends bidirectionally within each image, which is "
-            "computed with vLLM's CPU attention kernel: its images are served "
-            f"on the CPU only so far. {text_only}"
-        )
-    if chunked_prefill and chunked_images:
-        raise UnsupportedImageServingError(
-            "This preset attends bidirectionally within each image, so an "
-            "image must never be split over two prefill chunks. Serve with "
-            "--disable-chunked-mm-input."
-        )
-    from vllm_keras_hub.scheduler import IMAGE_SCHEDULER
-    from vllm_keras_hub.scheduler import ImageScheduler
-
-    if isinstance(scheduler_cls, type):
-        holds_images = issubclass(scheduler_cls, ImageScheduler)
-    else:
-        holds_images = scheduler_cls == IMAGE_SCHEDULER
-    if chunked_prefill and not holds_images:
-        raise UnsupportedImageServingError(
-            "With chunked prefill, vLLM's scheduler can split the rest of an "
-            "image a prefix-cache hit cut into over two steps, and the "
-            "bidirectional attention within the image would miss its later "
-            f"tokens. Serve with --scheduler-cls {IMAGE_SCHEDULER}."
-        )
 
 
 # vLLM's default `gpu_memory_utilization=0.92` is, on the CPU backend, a share
@@ -336,6 +257,8 @@ def check(family, image, values):
         bool(image),
         backbone=family.backbone,
     )
+    if image and image["bidirectional"] == "prefix":
+        check_prefix_lm_settings(values)
     if image:
         check_image_settings(
             image,
@@ -344,6 +267,8 @@ def check(family, image, values):
             not values.get("disable_chunked_mm_input"),
             pipeline,
             values.get("scheduler_cls"),
+            values.get("max_num_batched_tokens"),
+            values.get("max_model_len"),
         )
 
 
@@ -385,7 +310,8 @@ def settle(folder, values, given):
 
     Sets, where the user did not: the `keras_hub` load format, the folder's
     tokenizer mode, whole-image scheduling for images that attend
-    bidirectionally, PyAV to decode audio, and on the CPU a fixed KV cache.
+    bidirectionally (for PaliGemma, a step budget of a whole prompt), PyAV
+    to decode audio, and on the CPU a fixed KV cache.
 
     Args:
         folder: The preset's `ModelFolder`.
@@ -408,6 +334,11 @@ def settle(folder, values, given):
             updates["disable_chunked_mm_input"] = True
         if values.get("scheduler_cls") is None:
             updates["scheduler_cls"] = IMAGE_SCHEDULER
+    if folder.images and folder.images["bidirectional"] == "prefix":
+        # Each PaliGemma prompt is computed in one step.
+        if "max_num_batched_tokens" not in given:
+            max_model_len = values.get("max_model_len") or folder.max_model_len
+            updates["max_num_batched_tokens"] = max_model_len
     media_io = dict(values.get("media_io_kwargs") or {})
     defaults = default_media_io(folder.audio, folder.video)
     if set(defaults) - set(media_io):
@@ -473,4 +404,6 @@ def engine_values(vllm_config):
         "enable_chunked_prefill": scheduler.enable_chunked_prefill,
         "disable_chunked_mm_input": scheduler.disable_chunked_mm_input,
         "scheduler_cls": scheduler.scheduler_cls,
+        "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+        "max_model_len": vllm_config.model_config.max_model_len,
     }

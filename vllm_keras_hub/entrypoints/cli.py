@@ -174,6 +174,9 @@ def export(model, directory):
 
         # What `serve` sets for such images (`settings.settle`).
         flags += f" --disable-chunked-mm-input --scheduler-cls {IMAGE_SCHEDULER}"
+    if image and image["bidirectional"] == "prefix":
+        # A PaliGemma prompt is computed in one step (`settings.settle`).
+        flags += f" --max-num-batched-tokens {config['max_position_embeddings']}"
     media_io = default_media_io(config.get("keras_hub_audio"), config.get("keras_hub_video"))
     if media_io:
         # What `serve` sets (`settings.settle`): PyAV, the lock's audio

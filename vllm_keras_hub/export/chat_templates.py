@@ -270,6 +270,23 @@ PHI3_TEMPLATE = r"""{%- for message in messages %}
 {%- endif %}"""
 
 _GEMMA = ChatFormat(GEMMA_TEMPLATE, ("<end_of_turn>",))
+
+# PaliGemma is not a chat model: one prompt, its image first (the processor
+# puts it there, so the template writes no placeholder), its text ending in
+# the newline PaliGemma's prompts end with (as in "caption en\n").
+PALIGEMMA_TEMPLATE = (
+    "{%- if messages | length != 1 or messages[0]['role'] != 'user' %}"
+    "{{- raise_exception('PaliGemma takes one prompt with its image: send a "
+    "single user message.') }}"
+    "{%- endif %}"
+    "{{- bos_token }}"
+    "{%- set content = messages[0]['content'] %}"
+    "{%- if content is string %}{{- content }}"
+    "{%- else %}{%- for part in content %}"
+    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
+    "{%- endfor %}{%- endif %}"
+    "{{- '\\n' }}"
+)
 _MISTRAL = ChatFormat(MISTRAL_TEMPLATE, ("</s>",))
 _QWEN3 = ChatFormat(
     official_template("qwen3"), ("<|im_end|>",), tool_parser="hermes", reasoning_parser="qwen3"
@@ -332,6 +349,7 @@ _CHAT_FORMATS = {
         reasoning_parser="gemma4",
     ),
     "llama": ChatFormat(LLAMA2_TEMPLATE, ("</s>",)),
+    "pali_gemma": ChatFormat(PALIGEMMA_TEMPLATE, ("<eos>",)),
     "llama3": ChatFormat(LLAMA3_TEMPLATE, ("<|eot_id|>",)),
     "mistral": _MISTRAL,
     "mixtral": _MISTRAL,

@@ -26,6 +26,7 @@ _SPECIAL_TOKENS = {
     "qwen3_5_moe": (None, "<|im_end|>"),
     "smollm3": ("<|begin_of_text|>", "<|im_end|>"),
     "gpt_oss": (None, "<|endoftext|>"),
+    "pali_gemma": ("<bos>", "<eos>"),
 }
 
 CONVERSATION = [
@@ -173,7 +174,20 @@ def test_expected_covers_every_chat_format():
         for family in families.FAMILIES
         if chat_templates.chat_format(family.name)
     }
-    assert with_format == set(EXPECTED)
+    # PaliGemma takes one prompt, not a conversation (tested below).
+    assert with_format == set(EXPECTED) | {"pali_gemma"}
+
+
+def test_pali_gemma_renders_one_prompt_and_refuses_conversations():
+    from vllm.exceptions import VLLMValidationError
+
+    message = {
+        "role": "user",
+        "content": [{"type": "image_url"}, {"type": "text", "text": "caption en"}],
+    }
+    assert _render("pali_gemma", [message]) == "<bos>caption en\n"
+    with pytest.raises(VLLMValidationError, match="single user message"):
+        _render("pali_gemma", CONVERSATION)
 
 
 def test_llama3_without_system_starts_with_bos_once():

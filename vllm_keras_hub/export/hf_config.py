@@ -20,6 +20,16 @@ VISION_ARCHITECTURES = {
     "Gemma3Backbone": "KerasHubVisionForCausalLM",
     "Gemma3nBackbone": "KerasHubGemma3nVisionForCausalLM",
     "Gemma4Backbone": "KerasHubGemma4VisionForCausalLM",
+    "PaliGemmaBackbone": "KerasHubPaliGemmaForCausalLM",
+}
+# The one whose prompts are prefixes, image first (`models/prefix_lm.py`).
+PREFIX_LM_ARCHITECTURE = "KerasHubPaliGemmaForCausalLM"
+# Its tokenizer modes, by the folder's own: the same tokenizer, with a
+# renderer that refuses prompts without an image
+# (`entrypoints/image_first_renderer.py`).
+IMAGE_FIRST_TOKENIZER_MODES = {
+    "auto": "keras_hub_image_first",
+    "keras_hub": "keras_hub_image_first_own",
 }
 # The load format that builds a KerasHub model from its preset
 # (`loading/load_format.py`).

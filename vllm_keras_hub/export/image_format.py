@@ -14,7 +14,8 @@ processor (`multimodal.py`) and the model class (`vision.py`):
 - `bidirectional`: which layers attend bidirectionally within each image
   (`"all"`: Gemma3; `"sliding"`: a Gemma4 preset with
   `use_vision_bidirectional_attention`, its sliding-window layers only;
-  `None`: causal, Gemma3n and the other Gemma4 presets), and `window`, the
+  `None`: causal, Gemma3n and the other Gemma4 presets; `"prefix"`:
+  PaliGemma, every layer over the image and its prompt), and `window`, the
   sliding window.
 """
 
@@ -44,6 +45,8 @@ def image_fields(preset, backbone_class, backbone_config, tokenizer):
         tokenizer: Its KerasHub tokenizer.
     """
     architecture = VISION_ARCHITECTURES.get(backbone_class)
+    if backbone_class == "PaliGemmaBackbone":
+        return _prefix_lm_fields(preset, architecture, backbone_config, tokenizer)
     has_encoder = backbone_config.get("vision_encoder") or backbone_config.get(
         "vision_encoder_config"
     )
@@ -94,6 +97,40 @@ def image_fields(preset, backbone_class, backbone_config, tokenizer):
                 bidirectional="sliding",
                 window=int(backbone_config["sliding_window_size"]),
             )
+    return dict(architectures=[architecture], keras_hub_image=image)
+
+
+def _prefix_lm_fields(preset, architecture, backbone_config, tokenizer):
+    """PaliGemma: every prompt is one image and its text, the image first.
+
+    `PaliGemmaCausalLM` puts the ViT's embeddings (one per patch) before the
+    prompt's and attends over both bidirectionally. The prompt writes no
+    placeholder; the image's rows carry the `image_token` (`<image>` where
+    the vocabulary has it, else the pad token), never embedded as text.
+    """
+    if _converter(preset) is None:
+        raise ValueError(
+            f"Preset '{preset}' is a PaliGemma model without an image "
+            "converter (image_converter.json); PaliGemma generates from an "
+            "image, so it cannot be served without one."
+        )
+    vocabulary = set(tokenizer.get_vocabulary())
+    image_token = "<image>" if "<image>" in vocabulary else tokenizer.pad_token
+    size = int(backbone_config["image_size"])
+    window = None
+    if backbone_config.get("use_sliding_window_attention"):
+        window = int(backbone_config["sliding_window_size"])
+    image = dict(
+        placeholder=None,
+        start_token=None,
+        image_token=image_token,
+        end_token=None,
+        newlines="",
+        tokens_per_image=(size // int(backbone_config["vit_patch_size"])) ** 2,
+        image_size=size,
+        bidirectional="prefix",
+        window=window,
+    )
     return dict(architectures=[architecture], keras_hub_image=image)
 
 

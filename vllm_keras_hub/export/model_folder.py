@@ -122,6 +122,8 @@ class ModelFolder:
         # (`export/chat_templates.py`), else `None`.
         self.tool_parser = config.get("keras_hub_tool_parser")
         self.reasoning_parser = config.get("keras_hub_reasoning_parser")
+        # The longest context it is exported for.
+        self.max_model_len = config.get("max_position_embeddings")
 
     def cleanup(self):
         """Lets go of the folder now. Safe to call more than once."""

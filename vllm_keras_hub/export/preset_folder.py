@@ -240,7 +240,8 @@ def write_model_folder(preset, directory, max_model_len=None):
 
     Returns:
         The tokenizer mode vLLM must use: `"auto"` for the exported
-        tokenizer, `"keras_hub"` where only KerasHub's own tokenizer is exact.
+        tokenizer, `"keras_hub"` where only KerasHub's own tokenizer is exact
+        (for PaliGemma, their image-first modes).
     """
     from keras_hub.src.tokenizers.tokenizer import Tokenizer
 
@@ -305,6 +306,8 @@ def write_model_folder(preset, directory, max_model_len=None):
     )
     if chat_format.response_template is not None:
         add_response_template(directory, chat_format.response_template)
+    if images.get("keras_hub_image", {}).get("bidirectional") == "prefix":
+        return config_lib.IMAGE_FIRST_TOKENIZER_MODES[mode]
     return mode
 
 

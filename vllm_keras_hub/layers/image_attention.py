@@ -56,28 +56,34 @@ def marked(attention):
     return getattr(attention, _MARK, False)
 
 
-def set_step(is_multimodal):
+def set_step(is_multimodal, spans_end_prompts=False):
     """Records which of the next step's tokens are image tokens.
 
     Args:
         is_multimodal: `(num_tokens,)` bool, or `None` for a text-only step.
+        spans_end_prompts: Whether an image's span may end its prompt
+            (PaliGemma's spans the whole prompt, `models/prefix_lm.py`).
     """
     is_image = None
     if is_multimodal is not None and bool(is_multimodal.any()):
         is_image = is_multimodal.to("cpu", torch.bool)
     context = step.current()
     context.is_image = is_image
+    context.spans_end_prompts = spans_end_prompts
     context.image_metadata = None
     context.image_spans = {}
 
 
-def image_spans(is_image, query_start_loc, seq_lens):
+def image_spans(is_image, query_start_loc, seq_lens, spans_end_prompts=False):
     """The image spans of a step: rows, and the context each attends.
 
     Args:
         is_image: `(num_tokens,)` bool, True at image tokens.
         query_start_loc: `(num_requests + 1,)` each request's first row.
         seq_lens: `(num_requests,)` each request's length after the step.
+        spans_end_prompts: Whether a span may end where its request's rows
+            do: a prompt-long span, which vLLM never splits (as it never
+            splits an image: `disable_chunked_mm_input`).
 
     Returns:
         A list of `(request, first_row, end_row, seq_len)`: rows
@@ -100,7 +106,7 @@ def image_spans(is_image, query_start_loc, seq_lens):
             start = row
             while row < end and flags[row]:
                 row += 1
-            if row == end:
+            if row == end and not spans_end_prompts:
                 # A prompt never ends in an image token (its end marker
                 # follows), so the image goes on in a later step.
                 raise ImageSplitError(
@@ -189,7 +195,10 @@ def step_spans(context, layer_name):
     key = id(metadata)
     if key not in current.image_spans:
         current.image_spans[key] = image_spans(
-            current.is_image, metadata.query_start_loc.cpu(), metadata.seq_lens.cpu()
+            current.is_image,
+            metadata.query_start_loc.cpu(),
+            metadata.seq_lens.cpu(),
+            current.spans_end_prompts,
         )
     return current.image_spans[key]
 

@@ -43,6 +43,16 @@ def test_an_image_cut_at_the_end_of_its_step_is_refused():
         spans([0, 1, 1, 1], [0, 4], [4])
 
 
+def test_a_prefix_spans_its_whole_prompt():
+    # PaliGemma: request 0's prompt of 6 (image and text) in one step, then
+    # request 1's decode after a prompt of 4, then request 2's prompt whole.
+    flags = torch.tensor([1] * 6 + [0] + [1] * 3, dtype=torch.bool)
+    found = image_spans(
+        flags, torch.tensor([0, 6, 7, 10]), torch.tensor([6, 5, 3]), spans_end_prompts=True
+    )
+    assert found == [(0, 0, 6, 6), (2, 7, 10, 3)]
+
+
 def _context(num_tokens):
     """The fields of vLLM's forward context the image rows are read from."""
     metadata = types.SimpleNamespace(

@@ -28,6 +28,8 @@ class Step:
         image_metadata: vLLM's attention metadata of the step the image
             mask is for, bound at its first layer.
         image_spans: id(a layer's attention metadata) -> its image spans.
+        spans_end_prompts: Whether an image span may end its prompt
+            (PaliGemma's prefixes).
         aux_hidden: The step's EAGLE-3 aux hidden states, appended by the
             tapped transformer layers in layer order (`eagle3.py`), or `None`.
     """
@@ -38,6 +40,7 @@ class Step:
     is_image: object = None
     image_metadata: object = None
     image_spans: dict = dataclasses.field(default_factory=dict)
+    spans_end_prompts: bool = False
     aux_hidden: list = None
 
 

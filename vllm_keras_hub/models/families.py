@@ -115,6 +115,9 @@ FAMILIES = (
     Family(
         "qwen3_5_moe", "Qwen3.5-MoE", "Qwen3_5MoeBackbone", "vllm_keras_hub", hybrid=True
     ),
+    # Vision-language, prefix-LM: every prompt is an image and its text,
+    # attended bidirectionally; the output causally (`models/prefix_lm.py`).
+    Family("pali_gemma", "PaliGemma", "PaliGemmaBackbone"),
     # Encoders: their text embedders only, attention bidirectional.
     Family("bert", "BERT", "BertBackbone", "vllm_keras_hub", embedder_only=True),
     Family(

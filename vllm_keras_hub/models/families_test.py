@@ -27,6 +27,7 @@ def test_routed_families_are_keras_hub_routes_and_ours():
         "Gemma4",
         "Qwen3.5",
         "Qwen3.5-MoE",
+        "PaliGemma",
     ]
 
 

@@ -2,10 +2,10 @@
 
 Most backbones take `token_ids` and `padding_mask` and nothing else. The
 functional graphs of multimodal Gemma3n and Gemma4 presets (all their
-published ones) and of Gemma3's vision presets (`gemma3_4b` and up) also
-demand image and audio inputs, so for those the text path their own
-`CausalLM.call_with_cache` runs is used instead, with no cache: for text,
-the same layers in the same order as the full graph.
+published ones), of Gemma3's vision presets (`gemma3_4b` and up) and of
+PaliGemma also demand image and audio inputs, so for those the path their
+own `CausalLM.call_with_cache` runs is used instead, with no cache: the
+same layers in the same order as the full graph.
 """
 
 from keras import ops
@@ -39,6 +39,8 @@ def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidd
         not backbone.text_only_model or backbone.is_embedding_model
     ):
         return _gemma3_loop(backbone, token_ids, padding_mask, layers, hidden)
+    if name == "PaliGemmaBackbone":
+        return _pali_gemma(backbone, token_ids, hidden)
     if name == "BertBackbone":
         # One text per sequence: every token in segment 0, as BERT's text
         # embedder preprocessor packs it; its own `pooled_output` is unused.
@@ -69,6 +71,19 @@ def _gemma3_loop(backbone, token_ids, padding_mask, layers=None, hidden=None):
         x = layer(x, padding_mask=padding_mask, vision_mask=None)
     if end < len(backbone.transformer_layers):
         return x
+    return backbone.layer_norm(x)
+
+
+def _pali_gemma(backbone, token_ids, hidden=None):
+    # `PaliGemmaCausalLM.call_with_cache`: the given embeddings (prefixes,
+    # images first, from `prefix_lm.py`) or the scaled token embeddings,
+    # the layers, the final norm. Their masks are vLLM's attention's.
+    x = hidden
+    if x is None:
+        x = backbone.token_embedding(token_ids)
+        x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
+    for layer in backbone.transformer_layers:
+        x = layer(x)
     return backbone.layer_norm(x)
 
 

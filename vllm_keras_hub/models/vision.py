@@ -83,6 +83,8 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
     # The same for audio and video parts, where the family takes them.
     audio_placeholder = None
     video_placeholder = None
+    # Whether each image's span runs to its prompt's end (`prefix_lm.py`).
+    prefix_lm = False
 
     @classmethod
     def get_placeholder_str(cls, modality, i):
@@ -112,7 +114,7 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
         for attention, index in zip(self.attention, self.attending_layers, strict=True):
             image_attention.mark(
                 attention,
-                bidirectional == "all"
+                bidirectional in ("all", "prefix")
                 or (bidirectional == "sliding" and not layers[index].is_global_attention),
             )
         # Where images attend bidirectionally and clips come too, the image
@@ -217,7 +219,9 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
         if has_images and self._image_token_ids is not None:
             ids = self._image_token_ids.to(input_ids.device)
             is_image = is_multimodal & torch.isin(input_ids, ids)
-        image_attention.set_step(is_image if has_images else None)
+        image_attention.set_step(
+            is_image if has_images else None, spans_end_prompts=self.prefix_lm
+        )
         if not has_images:
             return self._embed(input_ids, None, None)
         return self._embed(input_ids, multimodal_embeddings, is_multimodal)

@@ -283,3 +283,38 @@ def gemma4_full_forward_with_images(preset, prompts, max_new_tokens):
             generated.append(int(np.argmax(keras.ops.convert_to_numpy(logits)[0, -1])))
         results.append((ids, generated))
     return results
+
+
+def pali_gemma_greedy(preset, prompts, max_new_tokens):
+    """Greedy tokens of a PaliGemma preset's `generate()`, each prompt alone.
+
+    Its own preprocessor prepares each prompt (the start token, the text,
+    the image through its converter). One at a time: in a batch,
+    `PaliGemmaCausalLM.generate()` starts decoding at the shortest prompt's
+    end and computes the longer prompts' last tokens again causally,
+    overwriting their bidirectional keys and values.
+
+    Args:
+        preset: A PaliGemma preset, with its preprocessor.
+        prompts: `(text, image)` pairs, `image` a PIL image.
+        max_new_tokens: Tokens to generate per prompt.
+
+    Returns:
+        A list of `(prompt_ids, generated_ids)` pairs of int lists.
+    """
+    causal_lm = keras_hub.models.PaliGemmaCausalLM.from_preset(preset, dtype="float32")
+    causal_lm.compile(sampler="greedy")
+    preprocessor = causal_lm.preprocessor
+    generate_function = causal_lm.make_generate_function()
+    results = []
+    for text, image in prompts:
+        pixels = np.asarray(image.convert("RGB"), "float32")
+        length = len(preprocessor.tokenizer(text)) + 1
+        inputs = preprocessor.generate_preprocess(
+            {"images": pixels[None], "prompts": [text]},
+            sequence_length=length + max_new_tokens,
+        )
+        outputs = generate_function(inputs, stop_token_ids=None)
+        generated = keras.ops.convert_to_numpy(outputs["token_ids"])[0].tolist()
+        results.append((generated[:length], generated[length:]))
+    return results

@@ -84,3 +84,13 @@ def assert_the_second_hits_the_prefix_cache_inside_the_image(
     assert_tokens(first + second, expected)
     positions = image_positions(preset, expected[1][0])
     assert positions[0] < second[0].num_cached_tokens <= positions[-1]
+
+
+def image_data_url(image):
+    """A PNG data URL of a PIL image, as a chat message's `image_url`."""
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return f"data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}"

@@ -1,5 +1,7 @@
 """Tiny presets with a served vision encoder and its image converter."""
 
+from vllm_keras_hub.testing.presets import DEFAULT_LAYER_KERNEL_SCALE
+from vllm_keras_hub.testing.presets import DEFAULT_LOGIT_SCALE
 from vllm_keras_hub.testing.presets import build_tiny_preset
 
 
@@ -130,3 +132,67 @@ def _audio_converter(family="gemma3n"):
         per_bin_stddev=None,
         padding_side="right",
     )
+
+
+def build_tiny_pali_gemma_preset(directory, seed=0, image_weight=1.0, preprocessor=True):
+    """A tiny PaliGemma preset: a ViT of 16 patches and a 2-layer decoder.
+
+    Args:
+        directory: Where to save; created if missing.
+        seed: Weight initialisation seed.
+        image_weight: Factor on the ViT's output projection.
+        preprocessor: Whether to save its `PaliGemmaCausalLMPreprocessor`
+            (the published layout); else its tokenizer and image converter
+            alone.
+
+    Returns:
+        `directory`.
+    """
+    import keras
+    import keras_hub
+
+    from vllm_keras_hub.testing.tokenizers import tiny_sentencepiece_proto
+
+    proto = tiny_sentencepiece_proto(layout="gemma", user_defined_symbols=("<image>",))
+    tokenizer = keras_hub.tokenizers.PaliGemmaTokenizer(proto=proto)
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.PaliGemmaBackbone(
+        vocabulary_size=tokenizer.vocabulary_size(),
+        image_size=56,
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=1,
+        hidden_dim=128,
+        intermediate_dim=256,
+        head_dim=64,
+        vit_patch_size=14,
+        vit_num_heads=2,
+        vit_hidden_dim=32,
+        vit_num_layers=2,
+        vit_intermediate_dim=64,
+    )
+    # As the tiny Gemma presets: so the context, not the last token, decides.
+    for variable in backbone.token_embedding.weights:
+        variable.assign(variable * DEFAULT_LOGIT_SCALE)
+    for layer in backbone.transformer_layers:
+        for variable in layer.weights:
+            if len(variable.shape) >= 2:
+                variable.assign(variable * DEFAULT_LAYER_KERNEL_SCALE)
+    projection = backbone.vit_encoder.get_layer("image_classifier")
+    projection.kernel.assign(projection.kernel * image_weight)
+    converter = keras_hub.layers.PaliGemmaImageConverter(
+        image_size=(56, 56), scale=1 / 127.5, offset=-1.0
+    )
+    causal_lm = keras_hub.models.PaliGemmaCausalLM(
+        backbone=backbone,
+        preprocessor=keras_hub.models.PaliGemmaCausalLMPreprocessor(
+            tokenizer=tokenizer, image_converter=converter
+        ),
+    )
+    if preprocessor:
+        causal_lm.save_to_preset(directory)
+        return directory
+    backbone.save_to_preset(directory)
+    tokenizer.save_to_preset(directory)
+    converter.save_to_preset(directory)
+    return directory
