@@ -169,6 +169,11 @@ def test_settings_that_could_split_an_image_are_refused_at_start_up(
         KerasHubLLM(f"keras_hub:{preset}", **settings)
 
 
+def test_precomputed_embeddings_are_refused_at_start_up(preset):
+    with pytest.raises(UnsupportedImageServingError, match="--enable-mm-embeds"):
+        KerasHubLLM(f"keras_hub:{preset}", enable_mm_embeds=True)
+
+
 def test_the_model_class_imports_in_a_fresh_shell():
     """Plain `vllm` imports the class in its front end, with no
     `KERAS_BACKEND` set (`export` prints that command)."""

@@ -129,3 +129,19 @@ def check_prefix_lm_settings(values):
                 f"PaliGemma presets are served without {what} so far ({name}): "
                 "no test proves them on a prefix LM yet."
             )
+
+
+def check_embedding_inputs(enable_mm_embeds):
+    """Raises where precomputed image, audio or video embeddings are enabled.
+
+    Args:
+        enable_mm_embeds: vLLM's `enable_mm_embeds`.
+    """
+    if enable_mm_embeds:
+        raise UnsupportedImageServingError(
+            "KerasHub presets take images, audio and video, not precomputed "
+            "embeddings of them (--enable-mm-embeds): their placeholders "
+            "expand by what the preset's own converters and encoders give, "
+            "and vLLM's own Gemma3, Gemma3n and Gemma4 take no such "
+            "embeddings either. Serve without --enable-mm-embeds."
+        )

@@ -11,6 +11,7 @@ import os
 from vllm_keras_hub import speculative
 from vllm_keras_hub.export.image_format import needs_whole_images
 from vllm_keras_hub.image_settings import UnsupportedImageServingError  # noqa: F401
+from vllm_keras_hub.image_settings import check_embedding_inputs
 from vllm_keras_hub.image_settings import check_image_settings
 from vllm_keras_hub.image_settings import check_prefix_lm_settings
 from vllm_keras_hub.image_settings import image_limit
@@ -257,6 +258,8 @@ def check(family, image, values):
         bool(image),
         backbone=family.backbone,
     )
+    if image:
+        check_embedding_inputs(values.get("enable_mm_embeds"))
     if image and image["bidirectional"] == "prefix":
         check_prefix_lm_settings(values)
     if image:
@@ -401,6 +404,7 @@ def engine_values(vllm_config):
         "limit_mm_per_prompt": multimodal and {
             "image": multimodal.get_limit_per_prompt("image")
         },
+        "enable_mm_embeds": bool(multimodal and multimodal.enable_mm_embeds),
         "enable_chunked_prefill": scheduler.enable_chunked_prefill,
         "disable_chunked_mm_input": scheduler.disable_chunked_mm_input,
         "scheduler_cls": scheduler.scheduler_cls,
