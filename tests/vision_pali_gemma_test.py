@@ -22,6 +22,7 @@ from vllm_keras_hub.testing.images import IMAGES
 from vllm_keras_hub.testing.images import assert_tokens
 from vllm_keras_hub.testing.images import image_data_url
 from vllm_keras_hub.testing.images import random_image
+from vllm_keras_hub.testing.vision_presets import PALI_GEMMA_2
 from vllm_keras_hub.testing.vision_presets import build_tiny_pali_gemma_preset
 
 MAX_NEW_TOKENS = 8
@@ -145,6 +146,22 @@ def test_causal_attention_over_the_prefix_would_be_wrong(llm, expected, monkeypa
     assert llm.reset_prefix_cache()
     served = [list(o.outputs[0].token_ids) for o in outputs]
     assert served != [tokens for _, tokens in expected]
+
+
+def test_pali_gemma_2_prefixes_past_the_sliding_window(tmp_path):
+    """PaliGemma 2's decoder (Gemma 2's post-norms, soft caps, and a 32-token
+    window here on every other layer): prefixes of 24 to 109 tokens, the
+    longer ones past the window, whose rows attend both ways within it."""
+    preset = build_tiny_pali_gemma_preset(str(tmp_path / "pali_gemma_2"), version=2)
+    expected = pali_gemma_greedy(preset, PROMPTS, MAX_NEW_TOKENS)
+    with in_process_llm(f"keras_hub:{preset}", **ENGINE) as llm:
+        outputs = llm.generate([request(*p) for p in PROMPTS], GREEDY, use_tqdm=False)
+    image_id = outputs[0].prompt_token_ids[0]
+    assert_tokens(
+        outputs, [(served_prompt(ids, image_id), tokens) for ids, tokens in expected]
+    )
+    assert len(outputs[3].prompt_token_ids) > 3 * PALI_GEMMA_2["sliding_window_size"]
+    support_matrix.record(ROW, BACKBONE, window="pass", soft_cap="pass")
 
 
 def test_compiled_prompts_in_a_small_step_budget(preset, expected):

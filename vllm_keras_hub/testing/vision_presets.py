@@ -134,7 +134,25 @@ def _audio_converter(family="gemma3n"):
     )
 
 
-def build_tiny_pali_gemma_preset(directory, seed=0, image_weight=1.0, preprocessor=True):
+# PaliGemma 2's decoder is Gemma 2's: post-norms, soft caps, and a sliding
+# window on every other layer (32 tokens here, so prefixes pass it).
+PALI_GEMMA_2 = dict(
+    query_head_dim_normalize=False,
+    use_post_ffw_norm=True,
+    use_post_attention_norm=True,
+    attention_logit_soft_cap=50.0,
+    final_logit_soft_cap=30.0,
+    use_sliding_window_attention=True,
+    sliding_window_size=32,
+)
+
+# (embedding, layer kernel) factors, by version.
+PALI_GEMMA_SCALES = {1: (DEFAULT_LOGIT_SCALE, DEFAULT_LAYER_KERNEL_SCALE), 2: (1.0, 2.0)}
+
+
+def build_tiny_pali_gemma_preset(
+    directory, seed=0, image_weight=1.0, preprocessor=True, version=1
+):
     """A tiny PaliGemma preset: a ViT of 16 patches and a 2-layer decoder.
 
     Args:
@@ -144,6 +162,7 @@ def build_tiny_pali_gemma_preset(directory, seed=0, image_weight=1.0, preprocess
         preprocessor: Whether to save its `PaliGemmaCausalLMPreprocessor`
             (the published layout); else its tokenizer and image converter
             alone.
+        version: 2 for PaliGemma 2's decoder (`PALI_GEMMA_2`).
 
     Returns:
         `directory`.
@@ -170,14 +189,18 @@ def build_tiny_pali_gemma_preset(directory, seed=0, image_weight=1.0, preprocess
         vit_hidden_dim=32,
         vit_num_layers=2,
         vit_intermediate_dim=64,
+        **(PALI_GEMMA_2 if version == 2 else {}),
     )
-    # As the tiny Gemma presets: so the context, not the last token, decides.
+    # As the tiny Gemma and Gemma2 presets: so the context, not the last
+    # token, decides (Gemma 2's post-norms bound each layer's update, so
+    # its embeddings stay as initialised).
+    scales = PALI_GEMMA_SCALES[version]
     for variable in backbone.token_embedding.weights:
-        variable.assign(variable * DEFAULT_LOGIT_SCALE)
+        variable.assign(variable * scales[0])
     for layer in backbone.transformer_layers:
         for variable in layer.weights:
             if len(variable.shape) >= 2:
-                variable.assign(variable * DEFAULT_LAYER_KERNEL_SCALE)
+                variable.assign(variable * scales[1])
     projection = backbone.vit_encoder.get_layer("image_classifier")
     projection.kernel.assign(projection.kernel * image_weight)
     converter = keras_hub.layers.PaliGemmaImageConverter(
