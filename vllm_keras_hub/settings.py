@@ -404,7 +404,13 @@ def engine_values(vllm_config):
         "limit_mm_per_prompt": multimodal and {
             "image": multimodal.get_limit_per_prompt("image")
         },
-        "enable_mm_embeds": bool(multimodal and multimodal.enable_mm_embeds),
+        # A KV or EC consumer's is vLLM's own (it is sent embeddings' metadata
+        # by definition), not the user's.
+        "enable_mm_embeds": bool(
+            multimodal
+            and multimodal.enable_mm_embeds
+            and not multimodal.allow_missing_mm_embeddings
+        ),
         "enable_chunked_prefill": scheduler.enable_chunked_prefill,
         "disable_chunked_mm_input": scheduler.disable_chunked_mm_input,
         "scheduler_cls": scheduler.scheduler_cls,
