@@ -27,21 +27,19 @@ from vllm_keras_hub.backend import require_torch_backend
 require_torch_backend()
 
 import dataclasses  # noqa: E402
-import math  # noqa: E402
 
 import torch  # noqa: E402
-from vllm.model_executor.models.utils import _merge_multimodal_embeddings  # noqa: E402
 from vllm.multimodal import MULTIMODAL_REGISTRY  # noqa: E402
 from vllm.multimodal.processing.processor import PlaceholderFeaturesInfo  # noqa: E402
 from vllm.multimodal.processing.processor import PromptIndexTargets  # noqa: E402
 from vllm.multimodal.processing.processor import PromptInsertion  # noqa: E402
 
-from vllm_keras_hub.layers.attention import token_embedding  # noqa: E402
 from vllm_keras_hub.models.multimodal import KerasHubDummyInputsBuilder  # noqa: E402
 from vllm_keras_hub.models.multimodal import KerasHubMultiModalProcessor  # noqa: E402
 from vllm_keras_hub.models.multimodal import KerasHubProcessingInfo  # noqa: E402
 from vllm_keras_hub.models.multimodal import to_pixels  # noqa: E402
 from vllm_keras_hub.models.vision import _KerasHubImages  # noqa: E402
+from vllm_keras_hub.models.vision import scaled_text_embeddings  # noqa: E402
 
 # The processor's kwarg, and the item's field, carrying the prompt's ids.
 PREFIX_IDS = "keras_hub_prefix_ids"
@@ -154,10 +152,4 @@ class KerasHubPaliGemmaForCausalLM(_KerasHubImages):
         )
 
     def _embed(self, input_ids, images, is_image):
-        embeddings = token_embedding(self.backbone)(input_ids)
-        # `PaliGemmaCausalLM.call_with_cache`: `x * ops.cast(ops.sqrt(hidden_dim), x.dtype)`.
-        scale = torch.tensor(math.sqrt(self.backbone.hidden_dim), dtype=torch.float32)
-        embeddings = embeddings * scale.to(embeddings.dtype)
-        if images is None:
-            return embeddings
-        return _merge_multimodal_embeddings(embeddings, images, is_image)
+        return scaled_text_embeddings(self.backbone, input_ids, images, is_image)

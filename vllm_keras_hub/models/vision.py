@@ -238,13 +238,21 @@ class KerasHubVisionForCausalLM(_KerasHubImages):
         return self.backbone.vision_encoder(pixel_values[:, None])
 
     def _embed(self, input_ids, images, is_image):
-        embeddings = token_embedding(self.backbone)(input_ids)
-        # `Gemma3Backbone`: `x * ops.cast(ops.sqrt(hidden_dim), x.dtype)`.
-        scale = torch.tensor(math.sqrt(self.backbone.hidden_dim), dtype=torch.float32)
-        embeddings = embeddings * scale.to(embeddings.dtype)
-        if images is None:
-            return embeddings
-        return _merge_multimodal_embeddings(embeddings, images, is_image)
+        return scaled_text_embeddings(self.backbone, input_ids, images, is_image)
+
+
+def scaled_text_embeddings(backbone, input_ids, images, is_image):
+    """Token embeddings scaled by sqrt(hidden), images merged in unscaled.
+
+    As `Gemma3Backbone` and `PaliGemmaCausalLM` compute them: `x *
+    ops.cast(ops.sqrt(hidden_dim), x.dtype)` on the text only.
+    """
+    embeddings = token_embedding(backbone)(input_ids)
+    scale = torch.tensor(math.sqrt(backbone.hidden_dim), dtype=torch.float32)
+    embeddings = embeddings * scale.to(embeddings.dtype)
+    if images is None:
+        return embeddings
+    return _merge_multimodal_embeddings(embeddings, images, is_image)
 
 
 @_register

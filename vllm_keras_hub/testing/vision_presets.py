@@ -150,15 +150,12 @@ PALI_GEMMA_2 = dict(
 PALI_GEMMA_SCALES = {1: (DEFAULT_LOGIT_SCALE, DEFAULT_LAYER_KERNEL_SCALE), 2: (1.0, 2.0)}
 
 
-def build_tiny_pali_gemma_preset(
-    directory, seed=0, image_weight=1.0, preprocessor=True, version=1
-):
+def build_tiny_pali_gemma_preset(directory, seed=0, preprocessor=True, version=1):
     """A tiny PaliGemma preset: a ViT of 16 patches and a 2-layer decoder.
 
     Args:
         directory: Where to save; created if missing.
         seed: Weight initialisation seed.
-        image_weight: Factor on the ViT's output projection.
         preprocessor: Whether to save its `PaliGemmaCausalLMPreprocessor`
             (the published layout); else its tokenizer and image converter
             alone.
@@ -201,8 +198,6 @@ def build_tiny_pali_gemma_preset(
         for variable in layer.weights:
             if len(variable.shape) >= 2:
                 variable.assign(variable * scales[1])
-    projection = backbone.vit_encoder.get_layer("image_classifier")
-    projection.kernel.assign(projection.kernel * image_weight)
     converter = keras_hub.layers.PaliGemmaImageConverter(
         image_size=(56, 56), scale=1 / 127.5, offset=-1.0
     )
