@@ -184,7 +184,7 @@ def _soft_capped(layer, logits):
 
 
 def _cpu_gemm(linear, x):
-    return linear(x, None, None)
+    return linear.cpu_linear(x, None, None)
 
 
 def use_packed_kernel(layer, matmul, in_size, contracted_rank, out_shape):
