@@ -411,3 +411,106 @@ def test_an_eagle3_head_and_a_draft_model_at_two_ranks(shared, tmp_path):
             assert accepted == drafted > 0
         else:
             assert (drafted, accepted) == echo_acceptance([t for _, t in continued])
+
+
+# The second adapter's layers in a Gemma decoder: the replicated key, the
+# row-parallel attention output, a column- and the row-parallel MLP matmul.
+GEMMA_ADAPTER_TARGETS = ["key", "attention_output", "ffw_gating", "ffw_linear"]
+
+
+def test_adapters_per_request_at_two_ranks(shared, tmp_path):
+    """Base rows and two KerasHub adapters in one batch at 2 ranks, each row
+    its own model's `generate()` tokens, on Gemma: its one KV head is
+    replicated on both ranks, so vLLM's LoRA layer on a key or value
+    projection is a one-shard layer there and keeps the adapter whole.
+
+    The adapters are KerasHub's default (query and value, rank 2) and one
+    on the key, the attention output and two MLP matmuls (rank 4); vLLM's
+    column- and row-parallel LoRA layers cut each to the rank's shard."""
+    from vllm.lora.request import LoRARequest
+
+    from vllm_keras_hub.testing.lora import fine_tune_lora
+    from vllm_keras_hub.testing.oracle import keras_hub_greedy
+    from vllm_keras_hub.testing.parallel import lora_report
+
+    preset = shared.preset("gemma")
+    files = {
+        "default": fine_tune_lora(preset, str(tmp_path / "default"))[0],
+        "mixed": fine_tune_lora(
+            preset,
+            str(tmp_path / "mixed"),
+            rank=4,
+            seed=1,
+            target_layer_names=GEMMA_ADAPTER_TARGETS,
+        )[0],
+    }
+    expected = {
+        None: shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS),
+        "default": keras_hub_greedy(
+            preset, PROMPTS, MAX_NEW_TOKENS, lora_weights=files["default"]
+        ),
+        "mixed": keras_hub_greedy(
+            preset,
+            PROMPTS,
+            MAX_NEW_TOKENS,
+            lora_weights=files["mixed"],
+            lora_targets=GEMMA_ADAPTER_TARGETS,
+        ),
+    }
+    for name in files:
+        changed = sum(a != b for a, b in zip(expected[name], expected[None]))
+        assert changed > len(PROMPTS) // 2, name
+    ids = {"default": 1, "mixed": 2}
+    rows = [(name, i) for i in range(len(PROMPTS)) for name in (None, *files)]
+    with parallel_llm(
+        f"keras_hub:{preset}",
+        tensor_parallel_size=2,
+        enable_lora=True,
+        max_loras=2,
+        # The mixed adapter's key: rank 4 times Gemma's heads.
+        max_lora_rank=32,
+        max_num_batched_tokens=CHUNK,
+        enable_chunked_prefill=True,
+    ) as llm:
+        outputs = llm.generate(
+            [PROMPTS[i] for _, i in rows],
+            GREEDY,
+            lora_request=[
+                None if name is None else LoRARequest(name, ids[name], files[name])
+                for name, _ in rows
+            ],
+            use_tqdm=False,
+        )
+        reports = sorted(llm.collective_rpc(lora_report), key=lambda r: r["rank"])
+    for output, (name, i) in zip(outputs, rows, strict=True):
+        prompt_ids, generated_ids = expected[name][i]
+        assert output.prompt_token_ids == prompt_ids, (name, i)
+        assert list(output.outputs[0].token_ids) == generated_ids, (name, i)
+    # Every attention and MLP matmul is one of vLLM's parallel LoRA layers;
+    # a replicated KV projection is whole on each rank (one shard).
+    first, second = (report["layers"] for report in reports)
+    kinds = {(kind, shards) for kind, shards, _ in first.values()}
+    assert kinds == {
+        ("ColumnParallelLinearWithLoRA", 2),
+        ("ColumnParallelLinearWithLoRA", 1),
+        ("RowParallelLinearWithLoRA", 2),
+    }
+    # Each adapter's layers: a column layer's B and a row layer's A are the
+    # rank's own slices, which differ; the rest is the same on both ranks.
+    loaded = {}
+    for key, (kind, shards, held) in first.items():
+        assert sorted(held) == sorted(ids.values())
+        for adapter, (a, b) in held.items():
+            if not any(map(any, a)):
+                continue
+            loaded.setdefault(adapter, set()).add(key)
+            other_a, other_b = second[key][2][adapter]
+            if shards == 1:
+                assert (a, b) == (other_a, other_b), key
+            elif kind.startswith("Column"):
+                assert a == other_a and b != other_b, key
+            else:
+                assert a != other_a and b == other_b, key
+    # The query and value, and the second adapter's 4 layers, of both blocks.
+    assert len(loaded[ids["default"]]) == 2 * 2
+    assert len(loaded[ids["mixed"]]) == 2 * len(GEMMA_ADAPTER_TARGETS)

@@ -251,7 +251,12 @@ def check(family, image, values):
             kv_connector=_kv_connector(values.get("kv_transfer_config")),
         )
     if values.get("enable_lora"):
-        check_lora_serving(tensor, pipeline, values.get("lora_target_modules"))
+        check_lora_serving(
+            tensor,
+            pipeline,
+            values.get("lora_target_modules"),
+            values.get("fully_sharded_loras") or False,
+        )
     speculative.check(
         values.get("speculative_config"),
         pipeline,
@@ -401,6 +406,9 @@ def engine_values(vllm_config):
         "mamba_cache_dtype": cache.mamba_cache_dtype,
         "mamba_cache_mode": cache.mamba_cache_mode,
         "enable_lora": vllm_config.lora_config is not None,
+        "fully_sharded_loras": bool(
+            vllm_config.lora_config and vllm_config.lora_config.fully_sharded_loras
+        ),
         "limit_mm_per_prompt": multimodal and {
             "image": multimodal.get_limit_per_prompt("image")
         },

@@ -12,6 +12,14 @@ files use (`lora/adapters.py` converts a file to vLLM's tensors under those
 names). The layer's bias, activation and output shape stay Keras's, and on
 the CPU the base matmul is vLLM's (prepacked where its CPU GEMM packs the
 dtype; unpacked `F.linear` in bfloat16 on an AVX2-only CPU).
+
+Under tensor parallelism a sharded matmul already runs on a vLLM
+`ColumnParallelLinear` or `RowParallelLinear` (`parallel_linear.py`): that
+layer is registered under the same name instead, and vLLM's LoRA manager
+wraps it in its `*ParallelLinearWithLoRA`, which cuts each adapter's full B
+(column) or A (row) to the rank's shard by the base layer's own rank and
+size. A KV projection replicated on several ranks is a one-shard layer, so
+its adapter stays whole there, as its kernel does.
 """
 
 import functools
@@ -20,6 +28,7 @@ import math
 import torch
 
 from vllm_keras_hub.layers import linear
+from vllm_keras_hub.layers import parallel_mlp
 from vllm_keras_hub.lora import merged as lora
 
 MODULES = "lora_layers"
@@ -44,6 +53,16 @@ def servable_plan(layer):
     return plan
 
 
+def _sharded_linear(layer):
+    """The vLLM parallel linear a sharded `layer` multiplies by, or `None`."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    packed = getattr(layer, "_packed_kernel", None)
+    if packed is not None and isinstance(packed.matmul, LinearBase):
+        return packed.matmul
+    return None
+
+
 def _call(modules, key, x):
     # Looked up per call: vLLM's LoRA manager replaces the module in place.
     return modules[key](x)
@@ -53,7 +72,8 @@ def build(backbone, prefix):
     """Moves every LoRA-capable matmul of `backbone` onto a vLLM linear.
 
     Call inside `set_current_vllm_config`, after any LoRA adapter merged at
-    load. Keras's copy of each kernel is freed.
+    load, and after tensor-parallel sharding: a sharded matmul keeps its
+    vLLM parallel linear. Keras's copy of each kernel is freed.
 
     Args:
         backbone: A built KerasHub backbone.
@@ -67,7 +87,15 @@ def build(backbone, prefix):
     from vllm.model_executor.layers.linear import ReplicatedLinear
 
     modules = torch.nn.ModuleDict()
+    read_by_block = parallel_mlp.kernel_read_layers(backbone)
     for index, layer in enumerate(lora.weighted_layers(backbone)):
+        sharded = _sharded_linear(layer)
+        if sharded is not None:
+            modules[str(index)] = sharded
+            layer._packed_kernel.matmul = functools.partial(_call, modules, str(index))
+            continue
+        if id(layer) in read_by_block:
+            continue
         plan = servable_plan(layer)
         if plan is None:
             continue
@@ -106,7 +134,8 @@ def restrict_lora_manager(lora_config, layers):
 
     Its `target_modules` filter takes full module names: with it, modules
     outside them (an MoE family's `FusedMoE` experts, which KerasHub
-    adapters never target) stay unwrapped. A user's own
+    adapters never target, and the vocabulary-parallel head and lookup under
+    tensor parallelism) stay unwrapped. A user's own
     `--lora-target-modules` is refused at start-up
     (`lora.adapters.check_lora_serving`).
 

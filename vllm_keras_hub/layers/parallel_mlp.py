@@ -31,6 +31,17 @@ def reads_kernels(block):
     return type(block).__name__ in BLOCKS
 
 
+def kernel_read_layers(model):
+    """The ids of `model`'s layers whose kernels their block multiplies by:
+    no vLLM layer can stand under their calls."""
+    found = set()
+    for block in model._flatten_layers(include_self=False):
+        if reads_kernels(block):
+            columns, row = BLOCKS[type(block).__name__]
+            found.update(id(getattr(block, name)) for name in (*columns, row))
+    return found
+
+
 def gather_statistics(mlp, rank, ranks):
     """Makes a sharded `mlp`'s sparsity statistics whole-width, if it has any.
 

@@ -45,7 +45,12 @@ class UnsupportedLoraError(ValueError):
     """LoRA adapters per request asked for where they cannot be served."""
 
 
-def check_lora_serving(tensor_parallel_size, pipeline_parallel_size=1, target_modules=None):
+def check_lora_serving(
+    tensor_parallel_size,
+    pipeline_parallel_size=1,
+    target_modules=None,
+    fully_sharded_loras=False,
+):
     """Raises unless adapters per request can be served at this size, with
     vLLM's LoRA manager wrapping the KerasHub matmuls and nothing else.
 
@@ -53,6 +58,7 @@ def check_lora_serving(tensor_parallel_size, pipeline_parallel_size=1, target_mo
         tensor_parallel_size: vLLM's `tensor_parallel_size`.
         pipeline_parallel_size: vLLM's `pipeline_parallel_size`.
         target_modules: vLLM's `lora_target_modules`, the user's filter.
+        fully_sharded_loras: vLLM's `fully_sharded_loras`.
     """
     if target_modules:
         # `layers/lora_linear.restrict_lora_manager` sets the filter to the
@@ -64,18 +70,26 @@ def check_lora_serving(tensor_parallel_size, pipeline_parallel_size=1, target_mo
             "the matmuls KerasHub adapters target, and each adapter applies "
             "to those it has. Serve without it."
         )
-    for name, size in (
-        ("tensor", tensor_parallel_size),
-        ("pipeline", pipeline_parallel_size),
-    ):
-        if size and size > 1:
-            raise UnsupportedLoraError(
-                "LoRA adapters per request (--enable-lora) are not supported "
-                f"with {name} parallelism yet ({name}_parallel_size={size}): "
-                "the KerasHub matmuls are not yet handed to vLLM's LoRA layers "
-                f"there. Serve them at {name}_parallel_size=1, or merge one "
-                "adapter at load (--lora-weights)."
-            )
+    if pipeline_parallel_size and pipeline_parallel_size > 1:
+        raise UnsupportedLoraError(
+            "LoRA adapters per request (--enable-lora) are not supported "
+            "with pipeline parallelism yet "
+            f"(pipeline_parallel_size={pipeline_parallel_size}): each stage "
+            "would convert and load only its own layers' part of an adapter, "
+            "which no test proves. Serve them at pipeline_parallel_size=1 "
+            "(tensor parallelism works), or merge one adapter at load "
+            "(--lora-weights)."
+        )
+    if fully_sharded_loras and tensor_parallel_size and tensor_parallel_size > 1:
+        # vLLM's S-LoRA layers all-gather each layer's shrunk rows over all
+        # ranks; a KV projection replicated on every rank is not sharded.
+        raise UnsupportedLoraError(
+            "--fully-sharded-loras is not supported for KerasHub presets: "
+            "vLLM's fully sharded LoRA layers gather every wrapped layer's "
+            "shards across all tensor-parallel ranks, and a key or value "
+            "projection whose heads are replicated across ranks has no such "
+            "shards. Serve without it."
+        )
 
 
 def _meta_backbone(preset):
@@ -181,10 +195,21 @@ def convert(backbone, path):
         A `Converted`.
     """
     from vllm_keras_hub.layers import lora_linear
+    from vllm_keras_hub.layers import parallel_mlp
 
     rank, layers = lora.checked_layers(backbone, path)
+    read_by_block = parallel_mlp.kernel_read_layers(backbone)
     tensors, ranks = {}, {}
     for index, layer, a, b in layers:
+        if id(layer) in read_by_block:
+            raise LoraAdapterError(
+                f"LoRA adapter '{path}': its layer {index} ('{layer.name}') "
+                "is multiplied by its decoder block, which reads the layer's "
+                "kernel instead of calling it (KerasHub's Gemma4 MLP), so no "
+                "vLLM LoRA layer can stand under it. Serve adapters on the "
+                "attention's layers per request, or merge this one at load "
+                "(lora_weights= / --lora-weights)."
+            )
         if lora_linear.servable_plan(layer) is None:
             raise LoraAdapterError(
                 f"LoRA adapter '{path}': its layer {index} ('{layer.name}', "

@@ -297,11 +297,16 @@ def test_serve_names_a_bad_model_before_reading_its_adapters(adapters):
     assert not result.engine_started
 
 
-def test_adapters_per_request_are_refused_at_tensor_parallel_and_for_gpt_oss(
-    adapters, tmp_path
-):
-    with pytest.raises(lora_adapters.UnsupportedLoraError, match="tensor parallelism"):
-        KerasHubLLM(f"keras_hub:{adapters[0]}", enable_lora=True, tensor_parallel_size=2)
+def test_fully_sharded_adapters_and_gpt_oss_adapters_are_refused(adapters, tmp_path):
+    # Adapters at 2 ranks are served (`parallel_test.py`), but not vLLM's
+    # fully sharded ones: a replicated KV projection has no shards.
+    with pytest.raises(lora_adapters.UnsupportedLoraError, match="--fully-sharded-loras"):
+        KerasHubLLM(
+            f"keras_hub:{adapters[0]}",
+            enable_lora=True,
+            tensor_parallel_size=2,
+            fully_sharded_loras=True,
+        )
     # KerasHub 0.32's GPT-OSS backbone does not build on the meta device,
     # so none of its adapters could be converted: refused when it loads.
     gpt_oss = build_tiny_preset("gpt_oss", str(tmp_path / "gpt_oss"))
@@ -357,3 +362,51 @@ def test_an_moe_family_gives_each_row_its_adapter(adapters, tmp_path):
         assert list(output.outputs[0].token_ids) == generated_ids, (name, i)
     assert wrapped and all(name.startswith("lora_layers.") for name in wrapped)
     assert experts and not any(e.moe_config.is_lora_enabled for e in experts)
+
+
+# Last: an engine of its own, whose shutdown would end the module's.
+def test_gemma4_serves_attention_adapters_and_refuses_its_mlps(tmp_path):
+    """Gemma4's decoder block multiplies by its MLP kernels itself, so those
+    layers stay Keras's: adapters on its attention give each row its own
+    model's `generate()` tokens (before, `--enable-lora` failed at start-up
+    on the block's read of a kernel moved to vLLM), and an adapter on an
+    MLP layer fails its call with the reason, the engine serving on."""
+    from vllm_keras_hub.testing.lora import random_lora
+
+    base = build_tiny_preset("gemma4", str(tmp_path / "base"))
+    targets = {"default": None, "attention": ["key", "attention_output"]}
+    files = {
+        name: random_lora(
+            base, str(tmp_path / f"{name}.lora.h5"), seed=seed, target_layer_names=layers
+        )
+        for seed, (name, layers) in enumerate(targets.items())
+    }
+    mlp = random_lora(base, str(tmp_path / "mlp.lora.h5"), target_layer_names=["ffw_gating"])
+    expected = {None: keras_hub_greedy(base, PROMPTS, MAX_NEW_TOKENS)}
+    for name, layers in targets.items():
+        expected[name] = keras_hub_greedy(
+            base, PROMPTS, MAX_NEW_TOKENS, lora_weights=files[name], lora_targets=layers
+        )
+        assert sum(a != b for a, b in zip(expected[name], expected[None])) > len(PROMPTS) // 2
+    ids = {"default": 1, "attention": 2}
+    rows = [(name, i) for i in range(len(PROMPTS)) for name in (None, *targets)]
+    with in_process_llm(f"keras_hub:{base}", **ENGINE) as llm:
+        outputs = llm.generate(
+            [PROMPTS[i] for _, i in rows],
+            GREEDY,
+            lora_request=[
+                None if name is None else LoRARequest(name, ids[name], files[name])
+                for name, _ in rows
+            ],
+            use_tqdm=False,
+        )
+        with pytest.raises(lora.LoraAdapterError, match="reads the layer's kernel"):
+            llm.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("mlp", 3, mlp))
+        again = llm.generate(
+            PROMPTS[:1], GREEDY, lora_request=LoRARequest("default", 1, files["default"])
+        )
+    for output, (name, i) in zip(outputs, rows, strict=True):
+        prompt_ids, generated_ids = expected[name][i]
+        assert output.prompt_token_ids == prompt_ids, (name, i)
+        assert list(output.outputs[0].token_ids) == generated_ids, (name, i)
+    assert list(again[0].outputs[0].token_ids) == expected["default"][0][1]

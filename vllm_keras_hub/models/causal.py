@@ -209,7 +209,7 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle3):
         weights.finish()
         # After the weights are loaded: a state layer copies its small ones.
         with self._vllm_scope():
-            self._build_states_and_adapters(backbone, stage, state_layers, moe_blocks)
+            self._build_states_and_adapters(backbone, stage, state_layers)
         routes = self._probe(stage, state_layers, moe_blocks)
         self.backbone = backbone
         self._use_cpu_gemm(backbone, stage)
@@ -270,14 +270,14 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle3):
         )
         self.moe_blocks = moe_blocks
 
-    def _build_states_and_adapters(self, backbone, stage, state_layers, moe_blocks):
+    def _build_states_and_adapters(self, backbone, stage, state_layers):
         self.states = nn.ModuleList(
             state_routes.build(
                 state_layers, f"{self.prefix}state.", self._dtype, stage.start
             )
         )
         if self.vllm_config.lora_config is not None:
-            self.lora_layers = self._lora_layers(backbone, moe_blocks)
+            self.lora_layers = self._lora_layers(backbone)
 
     def _probe(self, stage, state_layers, moe_blocks):
         """One token through the stage: every layer must route to vLLM."""
@@ -327,15 +327,20 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle3):
         """Runs the backbone once as serving will (the CPU GEMM's check)."""
         probe.run(stage)
 
-    def _lora_layers(self, backbone, moe_blocks):
+    def _lora_layers(self, backbone):
         lora_adapters.check_convertible(self.preset)
         layers = lora_linear.build(backbone, self.prefix)
+        # A sharded matmul now has its adapter name: one name per module, as
+        # vLLM's LoRA manager reads its expected modules off the names.
+        adopted = {id(module) for module in layers.values()}
+        self.parallel_linears = nn.ModuleList(
+            module for module in self.parallel_linears if id(module) not in adopted
+        )
         logger.info("%d KerasHub matmul layers can take LoRA adapters", len(layers))
-        if moe_blocks:
-            # vLLM's LoRA manager, made after loading, wraps every FusedMoE
-            # too; KerasHub adapters never target the experts, so it may
-            # wrap these layers only.
-            lora_linear.restrict_lora_manager(self.vllm_config.lora_config, layers)
+        # vLLM's LoRA manager, made after loading, would wrap every FusedMoE
+        # and the vocabulary-parallel head too; KerasHub adapters target
+        # neither, so it may wrap these layers only.
+        lora_linear.restrict_lora_manager(self.vllm_config.lora_config, layers)
         return layers
 
     @property

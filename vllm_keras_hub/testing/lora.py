@@ -53,3 +53,32 @@ def fine_tune_lora(
     tuned_preset = os.path.join(directory, "tuned_preset")
     causal_lm.save_to_preset(tuned_preset)
     return adapter, tuned_preset
+
+
+def random_lora(preset, path, rank=2, seed=0, target_layer_names=None):
+    """Saves a KerasHub adapter for `preset` with random A and B.
+
+    For families `fine_tune_lora` cannot fit without a preprocessor, such as
+    Gemma4 (KerasHub 0.32's `CausalLM.from_preset` picks its assistant
+    class). B is drawn like A, so the adapter changes greedy tokens.
+
+    Args:
+        preset: A tiny preset folder.
+        path: The `.lora.h5` file to write.
+        rank: The LoRA rank.
+        seed: Seeds A and B.
+        target_layer_names: The layers to put LoRA on (default: KerasHub's).
+
+    Returns:
+        `path`.
+    """
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.Backbone.from_preset(preset)
+    backbone.enable_lora(rank, target_layer_names)
+    rng = np.random.default_rng(seed)
+    for layer in backbone._flatten_layers(include_self=False):
+        if getattr(layer, "lora_enabled", False):
+            shape = layer.lora_kernel_b.shape
+            layer.lora_kernel_b.assign(rng.normal(size=shape).astype("float32"))
+    backbone.save_lora_weights(path)
+    return path

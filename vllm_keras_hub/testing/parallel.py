@@ -183,3 +183,38 @@ def stage_report(worker):
         tied=tied,
         model_class=type(model).__name__,
     )
+
+
+def lora_report(worker):
+    """The LoRA layers one worker's model holds; run with `collective_rpc`.
+
+    Each worker's LoRA manager picks its own slot for an adapter (the order
+    of a set of requests), so slots are named by the adapters they hold.
+
+    Returns:
+        A dict: `rank`, and `layers`, adapter-file index to `(wrapper class,
+        the base layer's shards, {adapter id: (its A, its B) as lists})`.
+    """
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    model = worker.model_runner.model
+    slots = {
+        adapter: slot
+        for slot, adapter in enumerate(model.lora_manager.lora_index_to_id)
+        if adapter is not None
+    }
+    layers = {
+        key: (
+            type(module).__name__,
+            module.base_layer.tp_size,
+            {
+                adapter: (
+                    module.lora_a_stacked[0][slot, 0].tolist(),
+                    module.lora_b_stacked[0][slot, 0].tolist(),
+                )
+                for adapter, slot in slots.items()
+            },
+        )
+        for key, module in model.lora_layers.items()
+    }
+    return dict(rank=get_tensor_model_parallel_rank(), layers=layers)
