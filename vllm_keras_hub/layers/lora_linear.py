@@ -27,8 +27,8 @@ import math
 
 import torch
 
+from vllm_keras_hub.layers import kernel_readers
 from vllm_keras_hub.layers import linear
-from vllm_keras_hub.layers import parallel_mlp
 from vllm_keras_hub.lora import merged as lora
 
 MODULES = "lora_layers"
@@ -87,7 +87,7 @@ def build(backbone, prefix):
     from vllm.model_executor.layers.linear import ReplicatedLinear
 
     modules = torch.nn.ModuleDict()
-    read_by_block = parallel_mlp.kernel_read_layers(backbone)
+    read_by_block = kernel_readers.kernel_read_layers(backbone)
     for index, layer in enumerate(lora.weighted_layers(backbone)):
         sharded = _sharded_linear(layer)
         if sharded is not None:

@@ -23,6 +23,7 @@ vocabulary (`vocab_parallel.py`).
 
 import math
 
+from vllm_keras_hub.layers import kernel_readers
 from vllm_keras_hub.layers import linear
 from vllm_keras_hub.layers import moe_routes
 from vllm_keras_hub.layers import parallel_mlp
@@ -247,7 +248,7 @@ def shard(transformer_layers, rank, ranks, prefix, weights, first_index=0):
             made.extend(_shard_qkv(attention, rank, ranks, name, weights))
         made.append(_shard_row(output, rank, ranks, f"{name}o", weights))
         _cut_per_head(attention, rank, ranks, weights)
-        if parallel_mlp.reads_kernels(block):
+        if kernel_readers.reads_kernels(block):
             parallel_mlp.shard(block, rank, ranks, weights)
             continue
         if _has_moe(block):

@@ -15,31 +15,11 @@
   its output at 2 ranks differs from 1 rank's.)
 """
 
+from vllm_keras_hub.layers.kernel_readers import BLOCKS
 from vllm_keras_hub.settings import UnsupportedParallelismError
-
-# Decoder block class -> (column-sliced kernels, row-sliced kernel).
-BLOCKS = {
-    "Gemma4TextDecoderBlock": (("gating_ffw", "gating_ffw_2"), "ffw_linear"),
-}
 
 _REDUCED_CLASSES = {}
 _GATHERED_CLASSES = {}
-
-
-def reads_kernels(block):
-    """Whether `block` multiplies by its MLP's kernels itself."""
-    return type(block).__name__ in BLOCKS
-
-
-def kernel_read_layers(model):
-    """The ids of `model`'s layers whose kernels their block multiplies by:
-    no vLLM layer can stand under their calls."""
-    found = set()
-    for block in model._flatten_layers(include_self=False):
-        if reads_kernels(block):
-            columns, row = BLOCKS[type(block).__name__]
-            found.update(id(getattr(block, name)) for name in (*columns, row))
-    return found
 
 
 def gather_statistics(mlp, rank, ranks):
@@ -58,7 +38,7 @@ def shard(block, rank, ranks, weights):
     """Keeps this rank's slices of `block`'s MLP kernels.
 
     Args:
-        block: A decoder block `reads_kernels` is true for.
+        block: A decoder block `kernel_readers.reads_kernels` is true for.
         rank: This rank's tensor-parallel index.
         ranks: The tensor-parallel size.
         weights: The backbone's `PresetWeights`.

@@ -195,10 +195,10 @@ def convert(backbone, path):
         A `Converted`.
     """
     from vllm_keras_hub.layers import lora_linear
-    from vllm_keras_hub.layers import parallel_mlp
+    from vllm_keras_hub.layers import kernel_readers
 
     rank, layers = lora.checked_layers(backbone, path)
-    read_by_block = parallel_mlp.kernel_read_layers(backbone)
+    read_by_block = kernel_readers.kernel_read_layers(backbone)
     tensors, ranks = {}, {}
     for index, layer, a, b in layers:
         if id(layer) in read_by_block:
