@@ -126,6 +126,17 @@ def test_kv_sharing_layer_must_fit_its_targets_cache(specs, message):
     check_kv_sharing([_spec(), _spec(), _spec(kv_sharing_target=0)])
 
 
+def test_a_pipeline_stage_holds_each_kv_sharing_layers_target():
+    """A stage's specs are named by their backbone indices: layer 5 may
+    read layer 2 where the stage holds both, not where 2 is another's."""
+    from vllm_keras_hub.models.probe import check_kv_sharing
+
+    specs = [_spec(), _spec(), _spec(kv_sharing_target=2)]
+    check_kv_sharing([_spec(), *specs], [2, 3, 4, 5])
+    with pytest.raises(RouteError, match="Layer 5 shares the K/V of layer 2"):
+        check_kv_sharing(specs, [3, 4, 5])
+
+
 def test_a_head_size_the_attention_kernel_cannot_run_is_refused_at_start_up(tmp_path):
     from vllm.platforms import current_platform
 

@@ -29,6 +29,8 @@ from vllm_keras_hub.testing import videos
 from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
 from vllm_keras_hub.testing.images import assert_tokens
 from vllm_keras_hub.testing.images import batch_prompts
+from vllm_keras_hub.testing.images import image_positions
+from vllm_keras_hub.testing.parallel import image_rows_report
 from vllm_keras_hub.testing.parallel import parallel_llm
 from vllm_keras_hub.testing.parallel import rank_report
 from vllm_keras_hub.testing.parallel import stage_report
@@ -237,6 +239,41 @@ def test_pipeline_parallel_greedy_parity(family, vision, shared):
     assert last["embedding"] == first["head"] == first["tied"]
 
 
+def test_gemma4_pipeline_keeps_kv_sharing_layers_with_their_sources(shared, tmp_path):
+    """Gemma4 at 2 stages, on a tiny preset of 6 layers whose last 2 attend
+    over layers 2's and 3's KV caches: the cut vLLM would make (at layer 3)
+    moves down to layer 2, so those caches are on the stage that reads
+    them, and the per-layer inputs made on the first stage cross with the
+    hidden states. The greedy tokens are `generate()`'s."""
+    from vllm_keras_hub.testing.presets import build_tiny_preset
+
+    preset = build_tiny_preset(
+        "gemma4", str(tmp_path / "gemma4"), backbone_overrides={"num_layers": 6}
+    )
+    expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
+    with parallel_llm(
+        f"keras_hub:{preset}",
+        pipeline_parallel_size=2,
+        max_num_batched_tokens=CHUNK,
+        enable_chunked_prefill=True,
+        enforce_eager=True,
+    ) as llm:
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        reports = sorted(llm.collective_rpc(stage_report), key=lambda r: r["ranks"])
+    support_matrix.record("gemma4", TINY_FAMILIES["gemma4"][1], pp2="FAIL")
+    _assert_greedy_parity(outputs, expected)
+    support_matrix.record("gemma4", TINY_FAMILIES["gemma4"][1], pp2="pass (6 layers)")
+    first, last = reports
+    assert (first["stage"], last["stage"]) == ((0, 2), (2, 6))
+    assert first["kv_sharing"] == {}
+    assert {
+        name.rsplit(".", 1)[-1]: target.rsplit(".", 1)[-1]
+        for name, target in last["kv_sharing"].items()
+    } == {"4": "2", "5": "3"}
+    assert first["others"] == last["others"] == 0
+    assert first["embedding"] and last["head"]
+
+
 # family -> (image placeholder, engine settings): Gemma4's images are split
 # over 128-token prefill steps (its attention over them is causal).
 IMAGE_CASES = {
@@ -308,6 +345,44 @@ def test_tensor_parallel_images_match_generate(family, shared):
     for report in reports:
         assert report["keras_kernels"] == 0
         assert all(held * shards == full for held, full, shards in report["linears"])
+
+
+def test_pipeline_parallel_images_match_generate(tmp_path):
+    """Gemma3's vision preset at 2 stages, a batch with 0, 1 and 2 images
+    per prompt: the first stage alone holds the vision encoder and embeds
+    the images, and sends the step's image rows beside its hidden states,
+    so the last stage's layers attend within each image both ways too
+    (`vision_test.py`'s preset, whose tokens change if they do not)."""
+    from tests.vision_test import PROMPTS as IMAGE_PROMPTS
+    from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
+
+    preset = build_tiny_vision_preset(str(tmp_path / "gemma3_vision"))
+    expected = keras_hub_greedy_with_images(preset, IMAGE_PROMPTS, MAX_NEW_TOKENS)
+    with parallel_llm(
+        f"keras_hub:{preset}",
+        pipeline_parallel_size=2,
+        limit_mm_per_prompt={"image": 2},
+        enforce_eager=True,
+        block_size=16,
+    ) as llm:
+        requests = [audio.request(text, images) for text, images in IMAGE_PROMPTS]
+        outputs = llm.generate(requests, GREEDY, use_tqdm=False)
+        reports = sorted(llm.collective_rpc(stage_report), key=lambda r: r["ranks"])
+        attended = dict(llm.collective_rpc(image_rows_report))
+    row = "gemma3 + vision encoder"
+    support_matrix.record(row, TINY_FAMILIES["gemma3"][1], pp2="FAIL")
+    assert_tokens(outputs, expected)
+    support_matrix.record(row, TINY_FAMILIES["gemma3"][1], pp2="pass, with images")
+    first, last = reports
+    assert first["vision_encoder"] > 0 and last["vision_encoder"] == 0
+    assert first["others"] == last["others"] == 0
+    # Every layer of both stages re-attended the batch's image rows both
+    # ways, each once (this preset's tokens alone would not show the last
+    # stage's doing so).
+    image_rows = sum(len(image_positions(preset, ids)) for ids, _ in expected)
+    counts = {name: rows for stage in (0, 1) for name, rows in attended[stage].items()}
+    assert sorted(counts) == sorted(first["attention"] + last["attention"])
+    assert set(counts.values()) == {image_rows}
 
 
 def test_tensor_and_pipeline_parallel_together(shared, monkeypatch):

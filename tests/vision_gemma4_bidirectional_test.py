@@ -164,8 +164,8 @@ def test_images_longer_than_the_window_are_refused():
     window's band once an image is longer than the window."""
     image = dict(bidirectional="sliding", tokens_per_image=280, window=256)
     with pytest.raises(UnsupportedImageServingError, match="more than its sliding window"):
-        check_image_settings(image, None, True, False, 1, None)
-    check_image_settings(image, 0, True, False, 1, None)
+        check_image_settings(image, None, True, False, None)
+    check_image_settings(image, 0, True, False, None)
 
 
 # Last: an engine of its own, whose shutdown would end the module's.

@@ -25,7 +25,6 @@ def check_image_settings(
     images_per_prompt,
     chunked_prefill,
     chunked_images,
-    pipeline_parallel_size=1,
     scheduler_cls=None,
     step_budget=None,
     max_model_len=None,
@@ -42,7 +41,6 @@ def check_image_settings(
         chunked_prefill: vLLM's `enable_chunked_prefill`.
         chunked_images: Whether vLLM may split an image over two steps
             (`not disable_chunked_mm_input`).
-        pipeline_parallel_size: vLLM's `pipeline_parallel_size`.
         scheduler_cls: vLLM's `scheduler_cls`.
         step_budget: vLLM's `max_num_batched_tokens`, where known.
         max_model_len: vLLM's `max_model_len`, where known.
@@ -62,10 +60,6 @@ def check_image_settings(
     if images_per_prompt == 0:
         return
     text_only = "Serve text only with --limit-mm-per-prompt '{\"image\": 0}'."
-    if pipeline_parallel_size and pipeline_parallel_size > 1:
-        raise UnsupportedImageServingError(
-            f"Images are not served with pipeline parallelism yet. {text_only}"
-        )
     if not needs_whole_images(image):
         return
     if image["bidirectional"] == "sliding" and image["tokens_per_image"] > image["window"]:

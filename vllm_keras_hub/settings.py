@@ -39,14 +39,9 @@ PIPELINE_REFUSALS = {
         "its layers pass a stack of AltUp hidden states and per-layer "
         "inputs from layer to layer, not one hidden state"
     ),
-    "Gemma4Backbone": (
-        "its KV-sharing layers read the keys and values of layers that "
-        "can be in another stage, and its per-layer inputs come from the "
-        "token embedding"
-    ),
     "PaliGemmaBackbone": (
-        "every prompt starts with an image, and images are not served with "
-        "pipeline parallelism yet"
+        "its prefix (the image and the prompt, attended both ways) is not "
+        "placed in pipeline stages yet"
     ),
 }
 
@@ -273,7 +268,6 @@ def check(family, image, values):
             image_limit(values.get("limit_mm_per_prompt")),
             values.get("enable_chunked_prefill") is not False,
             not values.get("disable_chunked_mm_input"),
-            pipeline,
             values.get("scheduler_cls"),
             values.get("max_num_batched_tokens"),
             values.get("max_model_len"),

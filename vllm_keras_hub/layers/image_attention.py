@@ -20,6 +20,8 @@ model's `embed_input_ids` before each step (`set_step`); the second call is
 the custom op `vllm_keras_hub::image_attention`, opaque to torch.compile.
 """
 
+import collections
+
 import torch
 from vllm.forward_context import get_forward_context
 from vllm.utils.torch_utils import LayerNameType
@@ -39,6 +41,10 @@ class ImageMaskError(RuntimeError):
 
 
 _MARK = "_keras_hub_bidirectional_images"
+
+# Layer name -> image rows it has re-attended, in this process: what a
+# pipeline stage's layers attended is otherwise invisible from outside.
+ATTENDED_ROWS = collections.Counter()
 
 
 def mark(attention, bidirectional):
@@ -72,6 +78,30 @@ def set_step(is_multimodal, spans_end_prompts=False):
     context.spans_end_prompts = spans_end_prompts
     context.image_metadata = None
     context.image_spans = {}
+
+
+def flag_column(rows):
+    """The step's image flags as a column beside a stage's hidden states.
+
+    Under pipeline parallelism only the first stage embeds the step, so it
+    sends the flags on: 1 at image rows, 0 at the step's other flagged
+    rows, -1 past them and in a text-only step.
+
+    Args:
+        rows: The hidden states' rows.
+    """
+    column = torch.full((rows, 1), -1.0)
+    is_image = step.current().is_image
+    if is_image is not None:
+        column[: len(is_image), 0] = is_image.to(column.dtype)
+    return column
+
+
+def set_step_from_column(column, spans_end_prompts=False):
+    """`set_step` on a later pipeline stage, from `flag_column`'s column."""
+    flags = column[:, 0].to("cpu", torch.float32)
+    flags = flags[flags >= 0]
+    set_step(flags > 0.5 if len(flags) else None, spans_end_prompts)
 
 
 def image_spans(is_image, query_start_loc, seq_lens, spans_end_prompts=False):
@@ -149,6 +179,7 @@ def _image_attention(
     spans = step_spans(context, name)
     if not spans:
         return
+    ATTENDED_ROWS[name] += sum(end - first for _, first, end, _ in spans)
     layer = context.no_compile_layers[name]
     metadata = context.attn_metadata[name]
     heads, head_dim = layer.impl.num_heads, layer.impl.head_size

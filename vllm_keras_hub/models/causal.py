@@ -234,7 +234,19 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle3):
         pp = get_pp_group()
         stage = pipeline.stage(backbone, pp.rank_in_group, pp.world_size)
         weights.release(stage.unused_variables())
+        if stage.size > 1:
+            # What crosses between stages can be wider than the hidden
+            # states (Gemma4's per-layer inputs travel with them).
+            self.make_empty_intermediate_tensors = (
+                make_empty_intermediate_tensors_factory(
+                    ["hidden_states"], self._crossing_width(stage)
+                )
+            )
         return stage
+
+    def _crossing_width(self, stage):
+        """The width of the hidden states crossing between stages."""
+        return stage.hidden_size
 
     def _merge_adapter(self, backbone, weights, lora_weights):
         rank = lora.load_adapter(backbone, lora_weights, weights)
@@ -285,7 +297,8 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle3):
         probe.check_attention_routes(routes, stage.layers, self._name)
         probe.check_moe_routes(routes, moe_blocks, self._name)
         probe.check_state_routes(routes, state_layers, self._name)
-        probe.check_kv_sharing(routes.specs)
+        attending = attention_layers.attention_indices(stage.layers)
+        probe.check_kv_sharing(routes.specs, [stage.start + index for index in attending])
         self.attention_specs = routes.specs
         self._route_layers = routes.attention_layers
         return routes

@@ -19,6 +19,16 @@ head to the last (a tied head also keeps the embedding there, as vLLM's
 own models do); every other variable belongs to the stage of the
 transformer layer that owns it. `Stage.unused_variables` lists what the
 stage never uses, which the loader never reads (`preset_weights.py`).
+
+Gemma4's text path is a loop over its layers (`text_forward.py`):
+- its per-layer inputs are made on the first stage, from the token ids and
+  the input embeddings, and travel beside the hidden states to the stages
+  after it, as vLLM's own Gemma4 sends them;
+- a KV-sharing layer attends over the KV cache of an earlier layer, which
+  must be on its rank. The stage boundaries vLLM would pick are moved down
+  so that each KV-sharing layer is in the stage of the layer it reads (its
+  K/V cannot travel: it is that layer's whole paged cache). A partition
+  given in `VLLM_PP_LAYER_PARTITION` that separates them is refused.
 """
 
 import dataclasses
@@ -44,8 +54,9 @@ class Stage:
         size: Stages in all.
         model: The Keras model cut from the backbone's graph, or `None`
             where the whole backbone runs (one stage) or the text path is
-            a loop over the layers (Gemma3 vision presets).
-        hidden_size: The width of the hidden states between layers.
+            a loop over the layers (Gemma3 vision presets, Gemma4).
+        hidden_size: The width of what enters a stage after the first: the
+            hidden states, and Gemma4's per-layer inputs beside them.
     """
 
     backbone: object
@@ -155,6 +166,18 @@ class Stage:
         if self.model is not None:
             return list(self.model._flatten_layers(include_self=False))
         layers = list(self.layers)
+        if self.first:
+            # What a loop path runs before its first layer: the embeddings,
+            # Gemma4's per-layer inputs, and the media encoders.
+            decoder = {id(layer) for layer in transformer_layers(self.backbone)}
+            decoder.add(id(self.backbone.layer_norm))
+            layers += [
+                layer
+                for layer in self.backbone._flatten_layers(
+                    include_self=False, recursive=False
+                )
+                if id(layer) not in decoder
+            ]
         if self.last:
             layers.append(self.backbone.layer_norm)
         return layers
@@ -219,7 +242,9 @@ def stage(backbone, rank=0, size=1):
             f"{type(backbone).__name__} cannot be served with pipeline "
             f"parallelism: {reason}."
         )
-    start, end = get_pp_indices(len(layers), rank, size)
+    starts = [get_pp_indices(len(layers), index, size)[0] for index in range(size)]
+    starts = _keep_kv_sharing_together(layers, starts)
+    start, end = (starts + [len(layers)])[rank : rank + 2]
     if start == end:
         raise UnsupportedParallelismError(
             f"Pipeline stage {rank} of {size} would hold none of the "
@@ -227,7 +252,8 @@ def stage(backbone, rank=0, size=1):
             "(VLLM_PP_LAYER_PARTITION)."
         )
     if _loop_path(backbone):
-        return Stage(backbone, start, end, rank, size, None, int(backbone.hidden_dim))
+        width = int(backbone.hidden_dim) + _per_layer_width(backbone)
+        return Stage(backbone, start, end, rank, size, None, width)
     model = _cut(backbone, start, end, rank == size - 1)
     return Stage(
         backbone, start, end, rank, size, model, int(model.outputs[0].shape[-1])
@@ -236,4 +262,59 @@ def stage(backbone, rank=0, size=1):
 
 def _loop_path(backbone):
     # `text_forward`'s own loop over the layers (no functional graph).
-    return type(backbone).__name__ == "Gemma3Backbone" and not backbone.text_only_model
+    name = type(backbone).__name__
+    return name == "Gemma4Backbone" or (
+        name == "Gemma3Backbone" and not backbone.text_only_model
+    )
+
+
+def _per_layer_width(backbone):
+    # Gemma4's per-layer inputs of all layers, which cross with the hidden
+    # states (`text_forward._gemma4`).
+    per_layer = getattr(backbone, "hidden_size_per_layer_input", 0) or 0
+    return per_layer * len(transformer_layers(backbone))
+
+
+def _keep_kv_sharing_together(layers, starts):
+    """Stage starts with each KV-sharing layer in its source layer's stage.
+
+    Args:
+        layers: The backbone's transformer layers.
+        starts: The first layer of each stage, as vLLM cuts them.
+
+    Raises:
+        UnsupportedParallelismError: where `VLLM_PP_LAYER_PARTITION` asks
+            for a cut between a KV-sharing layer and its source.
+    """
+    import os
+
+    pairs = [
+        (layer.kv_shared_layer_index, index)
+        for index, layer in enumerate(layers)
+        if getattr(layer, "is_kv_shared_layer", False)
+    ]
+    moved = []
+    for start in starts:
+        split = [source for source, sharer in pairs if source < start <= sharer]
+        if split and os.environ.get("VLLM_PP_LAYER_PARTITION"):
+            source, sharer = next(
+                (source, sharer) for source, sharer in pairs if source < start <= sharer
+            )
+            raise UnsupportedParallelismError(
+                f"VLLM_PP_LAYER_PARTITION={os.environ['VLLM_PP_LAYER_PARTITION']} "
+                f"starts a pipeline stage at layer {start}, between layer "
+                f"{sharer}, which attends over layer {source}'s KV cache, and "
+                f"layer {source}: a KV-sharing layer must be in its source "
+                f"layer's stage. Start that stage at layer {min(split)} or "
+                "before."
+            )
+        moved.append(min(split) if split else start)
+    if moved != starts and any(a >= b for a, b in zip(moved, moved[1:])):
+        first_source = min(source for source, _ in pairs)
+        raise UnsupportedParallelismError(
+            f"{len(starts)} pipeline stages cannot each hold a layer: the "
+            f"KV-sharing layers and the layers whose KV caches they read "
+            f"(layers {first_source} to {len(layers) - 1}) must be in one "
+            f"stage, which leaves {first_source} layers for the others."
+        )
+    return moved

@@ -24,16 +24,19 @@ from vllm_keras_hub.settings import PIPELINE_REFUSALS
 from vllm_keras_hub.settings import UnsupportedParallelismError
 from vllm_keras_hub.testing.lora import fine_tune_lora
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
+from vllm_keras_hub.testing.presets import build_tiny_preset
 
 # One sequence longer than the tiny presets' 8-token windows.
 TOKENS = torch.tensor([[5, 9, 2, 7, 11, 3, 8, 4, 12, 6, 10, 13]])
 POSITIONS = torch.arange(TOKENS.shape[1])[None]
 # (family, multimodal): every family that can be cut, and Gemma3's vision
-# presets, whose text path is a loop over the layers, not its graph.
+# presets, whose text path is a loop over the layers, not its graph. The
+# tiny Gemma4s' 4 layers all read or are read by KV-sharing layers, so they
+# are one stage's: `test_gemma4_stages_...` cuts 6 layers.
 CUT = [
     (family, False)
     for family, (_, backbone, _) in sorted(TINY_FAMILIES.items())
-    if backbone not in PIPELINE_REFUSALS
+    if backbone not in PIPELINE_REFUSALS and backbone != "Gemma4Backbone"
 ] + [("gemma3", True)]
 
 
@@ -139,7 +142,7 @@ def test_untied_head_is_held_by_the_last_stage_only(presets):
     assert last_embedding.reverse_embeddings.value.numel() > 0
 
 
-@pytest.mark.parametrize("family", ["gemma3n", "gemma4", "qwen3_5", "qwen3_5_moe"])
+@pytest.mark.parametrize("family", ["gemma3n", "qwen3_5", "qwen3_5_moe"])
 def test_families_that_cannot_be_cut_are_refused(presets, family):
     backbone = unloaded_backbone(presets(family), "float32")
     with pytest.raises(UnsupportedParallelismError, match="cannot be served with pipeline"):
@@ -162,3 +165,41 @@ def test_a_lora_adapter_merges_into_each_stages_own_layers(presets, tmp_path):
     hidden, _ = _run_stages(presets("llama3"), 2, lora_weights=adapter)
     # Keras merged the saved kernels with the same `kernel + A @ B`.
     torch.testing.assert_close(hidden, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["gemma4", "gemma4_moe"])
+def test_gemma4_stages_keep_kv_sharing_layers_with_their_sources(
+    family, presets, tmp_path, monkeypatch
+):
+    """6 layers, the last 2 KV-sharing (layer 4 reads layer 2's cache, 5
+    reads 3's): vLLM would cut at layer 3, between 4 and 2, so the cut
+    moves down to 2. The first stage makes the per-layer inputs of all
+    layers, and they cross beside the hidden states."""
+    preset = build_tiny_preset(
+        family, str(tmp_path / "six"), backbone_overrides={"num_layers": 6}
+    )
+    layers = transformer_layers(unloaded_backbone(preset, "float32"))
+    assert [(i, layer.kv_shared_layer_index) for i, layer in enumerate(layers)
+            if layer.is_kv_shared_layer] == [(4, 2), (5, 3)]  # fmt: skip
+    expected, _ = _whole_forward(preset)
+    hidden, stages = _run_stages(preset, 2)
+    torch.testing.assert_close(hidden, expected, rtol=0, atol=0)
+    assert [(s.start, s.end) for s, _ in stages] == [(0, 2), (2, 6)]
+    first, last = (stage.backbone for stage, _ in stages)
+    # The per-layer tables are the first stage's alone.
+    for name in ("per_layer_token_embedding", "per_layer_model_projection"):
+        assert all(v.value.numel() > 0 for v in getattr(first, name).variables)
+        assert all(v.value.numel() == 0 for v in getattr(last, name).variables)
+    per_layer = first.hidden_size_per_layer_input
+    assert stages[1][0].hidden_size == first.hidden_dim + 6 * per_layer > first.hidden_dim
+
+    # A cut between a KV-sharing layer and its source is refused, as asked
+    # for or as the only one left (all 4 tiny layers are one group).
+    backbone = unloaded_backbone(preset, "float32")
+    monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "3,3")
+    with pytest.raises(UnsupportedParallelismError, match="between layer 4, .* layer 2"):
+        pipeline.stage(backbone, 0, 2)
+    monkeypatch.delenv("VLLM_PP_LAYER_PARTITION")
+    four = unloaded_backbone(presets(family), "float32")
+    with pytest.raises(UnsupportedParallelismError, match="layers 0 to 3\\) must be in one"):
+        pipeline.stage(four, 1, 2)

@@ -253,23 +253,34 @@ def check_moe_routes(probe, blocks, name):
     )
 
 
-def check_kv_sharing(specs):
+def check_kv_sharing(specs, indices=None):
     """Raises `RouteError` unless each KV-sharing layer fits its target's cache.
 
     vLLM hands the sharing layer its target's cache as is: it must be an
-    earlier layer with the same KV heads and head size.
+    earlier layer of the same pipeline stage with the same KV heads and head
+    size.
+
+    Args:
+        specs: The probe's `AttentionSpec` per attending layer.
+        indices: The backbone's index of each spec's layer (default: the
+            positions, a whole model's).
     """
-    for index, spec in enumerate(specs):
+    by_index = dict(zip(range(len(specs)) if indices is None else indices, specs))
+    for index, spec in by_index.items():
         target = spec.kv_sharing_target
         if target is None:
             continue
-        if not 0 <= target < index or specs[target].kv_sharing_target is not None:
+        if (
+            not target < index
+            or target not in by_index
+            or by_index[target].kv_sharing_target is not None
+        ):
             raise RouteError(
                 f"Layer {index} shares the K/V of layer {target}, which is not "
                 "an earlier layer with a cache of its own."
             )
         mine = (spec.num_kv_heads, spec.head_size)
-        theirs = (specs[target].num_kv_heads, specs[target].head_size)
+        theirs = (by_index[target].num_kv_heads, by_index[target].head_size)
         if mine != theirs:
             raise RouteError(
                 f"Layer {index} reads the K/V of layer {target} as "

@@ -21,20 +21,24 @@ def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidd
         positions: `(batch, length)` position of each token.
         layers: `(start, end)`: run only these transformer layers, a
             pipeline stage of a backbone whose text path is a loop over its
-            layers (Gemma3 vision presets); `pipeline.py` cuts the others.
+            layers (Gemma3 vision presets, Gemma4); `pipeline.py` cuts the
+            others.
         hidden: The hidden states entering layer `start`; at layer 0, the
             input embeddings of a preset served with images, images merged
             in (`vision.py`). Gemma4 then needs `token_ids` zero at its
             image tokens, as its graph makes them for its per-layer inputs.
+            A Gemma4 stage after the first takes its per-layer inputs
+            beside the hidden states.
 
     Returns:
-        `(batch, length, hidden_size)` hidden states.
+        `(batch, length, hidden_size)` hidden states; from a Gemma4 stage
+        before the last, with its per-layer inputs beside them.
     """
     name = type(backbone).__name__
     if name == "Gemma3nBackbone":
         return _gemma3n(backbone, token_ids, padding_mask, hidden)
     if name == "Gemma4Backbone":
-        return _gemma4(backbone, token_ids, padding_mask, positions, hidden)
+        return _gemma4(backbone, token_ids, padding_mask, positions, hidden, layers)
     if name == "Gemma3Backbone" and (
         not backbone.text_only_model or backbone.is_embedding_model
     ):
@@ -118,11 +122,43 @@ def _gemma3n(backbone, token_ids, padding_mask, embeddings=None):
     )
 
 
-def _gemma4(backbone, token_ids, padding_mask, positions, embeddings=None):
+def _gemma4(backbone, token_ids, padding_mask, positions, hidden=None, layers=None):
     # `Gemma4Backbone`'s graph (as its `CausalLM`'s `call_with_cache`, with
     # no cache): scaled token embeddings (or the given ones, images merged
     # in and scaled), per-layer inputs where the preset has them, and each
-    # KV-sharing layer handed its source layer's K/V.
+    # KV-sharing layer handed its source layer's K/V (in the same stage:
+    # `pipeline.py`). A stage after the first takes the hidden states with
+    # the per-layer inputs beside them, and all but the last return both.
+    count = len(backbone.transformer_layers)
+    start, end = layers or (0, count)
+    per_layer = backbone.hidden_size_per_layer_input
+    if start == 0:
+        x, per_layer_inputs = _gemma4_inputs(backbone, token_ids, hidden)
+    else:
+        x = hidden[..., : backbone.hidden_dim]
+        per_layer_inputs = hidden[..., backbone.hidden_dim :] if per_layer > 0 else None
+    shared_kv = {}
+    for index in range(start, end):
+        layer = backbone.transformer_layers[index]
+        per_layer_input = None
+        if per_layer > 0:
+            per_layer_input = per_layer_inputs[..., index * per_layer : (index + 1) * per_layer]
+        source = layer.kv_shared_layer_index if layer.is_kv_shared_layer else None
+        x, shared_kv[index] = layer(
+            x,
+            padding_mask=padding_mask,
+            per_layer_input=per_layer_input,
+            shared_kv=shared_kv.get(source),
+            positions=positions,
+        )
+    if end < count:
+        return x if per_layer_inputs is None else ops.concatenate([x, per_layer_inputs], -1)
+    return backbone.layer_norm(x)
+
+
+def _gemma4_inputs(backbone, token_ids, embeddings=None):
+    """Gemma4's input embeddings and its per-layer inputs of all layers,
+    `(batch, length, layers * per_layer)`, or `None` without them."""
     x = backbone.token_embedding(token_ids) if embeddings is None else embeddings
     per_layer = backbone.hidden_size_per_layer_input
     if per_layer > 0:
@@ -134,27 +170,21 @@ def _gemma4(backbone, token_ids, padding_mask, positions, embeddings=None):
         )
     if embeddings is None:
         x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
-    if per_layer > 0:
-        per_layer_projection = backbone.per_layer_model_projection(x)
-        per_layer_projection = per_layer_projection * ops.cast(
-            float(backbone.hidden_dim) ** -0.5, per_layer_projection.dtype
-        )
-    shared_kv = {}
-    for index, layer in enumerate(backbone.transformer_layers):
-        per_layer_input = None
-        if per_layer > 0:
-            block = slice(index * per_layer, (index + 1) * per_layer)
-            projection = per_layer_projection[:, :, block]
-            per_layer_input = (
+    if per_layer <= 0:
+        return x, None
+    per_layer_projection = backbone.per_layer_model_projection(x)
+    per_layer_projection = per_layer_projection * ops.cast(
+        float(backbone.hidden_dim) ** -0.5, per_layer_projection.dtype
+    )
+    inputs = []
+    for index in range(len(backbone.transformer_layers)):
+        block = slice(index * per_layer, (index + 1) * per_layer)
+        projection = per_layer_projection[:, :, block]
+        inputs.append(
+            (
                 backbone.per_layer_projection_norm(projection)
                 + per_layer_embedding[:, :, block]
-            ) * ops.cast(2.0**-0.5, projection.dtype)
-        source = layer.kv_shared_layer_index if layer.is_kv_shared_layer else None
-        x, shared_kv[index] = layer(
-            x,
-            padding_mask=padding_mask,
-            per_layer_input=per_layer_input,
-            shared_kv=shared_kv.get(source),
-            positions=positions,
+            )
+            * ops.cast(2.0**-0.5, projection.dtype)
         )
-    return backbone.layer_norm(x)
+    return x, ops.concatenate(inputs, -1)

@@ -55,6 +55,7 @@ from vllm_keras_hub.models.causal import KerasHubForCausalLM  # noqa: E402
 from vllm_keras_hub.models.multimodal import KerasHubDummyInputsBuilder  # noqa: E402
 from vllm_keras_hub.models.multimodal import KerasHubMultiModalProcessor  # noqa: E402
 from vllm_keras_hub.models.multimodal import KerasHubProcessingInfo  # noqa: E402
+from vllm_keras_hub.models import staged_images  # noqa: E402
 from vllm_keras_hub.models.probe import RouteError  # noqa: E402
 from vllm_keras_hub.models.video import embed_video  # noqa: E402
 
@@ -65,7 +66,7 @@ _register = MULTIMODAL_REGISTRY.register_processor(
 )
 
 
-class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
+class _KerasHubImages(staged_images.ImagesInStages, KerasHubForCausalLM, SupportsMultiModal):
     """A KerasHub preset with a vision encoder, served with images.
 
     Args:
@@ -135,10 +136,10 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
 
     def _serving_step(self, stage):
         # The encoder too: layers that read their own weights (Gemma4's
-        # clippable linears) keep them. Under pipeline parallelism images
-        # are off (`check_image_settings`), and no stage loads the encoder.
+        # clippable linears) keep them. Under pipeline parallelism the
+        # first stage alone holds the encoders (`pipeline.py`).
         super()._serving_step(stage)
-        if stage.size > 1:
+        if not stage.first:
             return
         with torch.inference_mode():
             self.embed_multimodal(**self._smallest_image())
@@ -175,6 +176,8 @@ class _KerasHubImages(KerasHubForCausalLM, SupportsMultiModal):
             `(tokens_per_clip, hidden_size)` per clip, or `(frames *
             tokens_per_frame, hidden_size)` per video.
         """
+        if self.stage is not None and not self.stage.first:
+            return staged_images.no_embeddings(fields, self.config.hidden_size, self._dtype)
         if "input_features" in fields:
             return self._embed_clips(fields["input_features"], fields["input_features_mask"])
         if "video_pixel_values" in fields:

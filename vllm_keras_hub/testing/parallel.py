@@ -137,12 +137,14 @@ def stage_report(worker):
     Returns:
         A dict: `stage`, its `(start, end)` layers; `ranks`, its `(pp, tp)`
         ranks; `attention`, the names of its vLLM `Attention` layers;
+        `kv_sharing`, each KV-sharing one's name to its target's;
         `experts`, its `FusedMoE` count; `others`, elements Keras holds
         for other stages' transformer layers; `embedding` and `head`,
         whether it holds the input table and an output projection;
         `vocab_parallel_head`, whether that is vLLM's `ParallelLMHead`;
         `tied`, whether the output projection is the input table;
-        `model_class`, the vLLM model class's name.
+        `vision_encoder`, elements its vision encoder holds (`None`
+        without one); `model_class`, the vLLM model class's name.
     """
     from vllm.distributed import get_pp_group
     from vllm.distributed import get_tensor_model_parallel_rank
@@ -172,6 +174,11 @@ def stage_report(worker):
         stage=(stage.start, stage.end),
         ranks=(get_pp_group().rank_in_group, get_tensor_model_parallel_rank()),
         attention=[layer.layer_name for layer in model.attention],
+        kv_sharing={
+            layer.layer_name: layer.kv_sharing_target_layer_name
+            for layer in model.attention
+            if layer.kv_sharing_target_layer_name is not None
+        },
         experts=len(model.moe),
         others=sum(held(layer) for i, layer in enumerate(layers) if i not in own),
         embedding=(
@@ -181,6 +188,11 @@ def stage_report(worker):
         head=model.lm_head is not None or output,
         vocab_parallel_head=model.lm_head is not None,
         tied=tied,
+        vision_encoder=(
+            held(model.backbone.vision_encoder)
+            if getattr(model.backbone, "vision_encoder", None) is not None
+            else None
+        ),
         model_class=type(model).__name__,
     )
 
@@ -218,3 +230,13 @@ def lora_report(worker):
         for key, module in model.lora_layers.items()
     }
     return dict(rank=get_tensor_model_parallel_rank(), layers=layers)
+
+
+def image_rows_report(worker):
+    """The image rows each of a worker's attention layers re-attended
+    (`image_attention.ATTENDED_ROWS`); run with `collective_rpc`."""
+    from vllm.distributed import get_pp_group
+
+    from vllm_keras_hub.layers import image_attention
+
+    return get_pp_group().rank_in_group, dict(image_attention.ATTENDED_ROWS)

@@ -365,7 +365,14 @@ def randomize_constant_moe_weights(backbone, seed):
 
 
 def build_tiny_preset(
-    family, directory, seed=0, logit_scale=None, multimodal=False, images=None, chat=False
+    family,
+    directory,
+    seed=0,
+    logit_scale=None,
+    multimodal=False,
+    images=None,
+    chat=False,
+    backbone_overrides=None,
 ):
     """Saves a tiny random-weight preset of `family` into `directory`.
 
@@ -383,6 +390,8 @@ def build_tiny_preset(
             (`{}` for none).
         chat: With the tokenizer's tool-calling and thinking tokens
             (`tokenizers.CHAT_TOKENS`).
+        backbone_overrides: Backbone arguments over the family's, e.g.
+            more layers.
 
     Returns:
         `directory`.
@@ -395,10 +404,11 @@ def build_tiny_preset(
         chat=chat,
         audio=bool(images and images.get("audio")),
     )
+    kwargs = backbone_kwargs(
+        family, tokenizer.vocabulary_size(), multimodal, images, tokenizer
+    )
     backbone = getattr(keras_hub.models, backbone_name)(
-        **backbone_kwargs(
-            family, tokenizer.vocabulary_size(), multimodal, images, tokenizer
-        )
+        **{**kwargs, **(backbone_overrides or {})}
     )
     if logit_scale is None:
         logit_scale = _LOGIT_SCALE.get(family, DEFAULT_LOGIT_SCALE)
