@@ -347,35 +347,57 @@ def test_tensor_parallel_images_match_generate(family, shared):
         assert all(held * shards == full for held, full, shards in report["linears"])
 
 
-def test_pipeline_parallel_images_match_generate(tmp_path):
-    """Gemma3's vision preset at 2 stages, a batch with 0, 1 and 2 images
-    per prompt: the first stage alone holds the vision encoder and embeds
-    the images, and sends the step's image rows beside its hidden states,
-    so the last stage's layers attend within each image both ways too
-    (`vision_test.py`'s preset, whose tokens change if they do not)."""
-    from tests.vision_test import PROMPTS as IMAGE_PROMPTS
+# family -> the vision preset served at 2 stages, and its engine settings.
+PIPELINE_IMAGE_CASES = {
+    # `vision_test.py`'s preset: images attended both ways.
+    "gemma3": (dict(), dict(block_size=16)),
+    # 6 layers, the last 2 KV-sharing; causal images, per-layer inputs.
+    "gemma4": (
+        dict(family="gemma4", backbone_overrides={"num_layers": 6}),
+        IMAGE_CASES["gemma4"][1],
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(PIPELINE_IMAGE_CASES))
+def test_pipeline_parallel_images_match_generate(family, tmp_path):
+    """A vision preset at 2 stages, a batch with 0, 1 and 2 images per
+    prompt: the first stage alone holds the vision encoder and embeds the
+    images. Gemma3's sends the step's image rows beside its hidden states,
+    so the last stage's layers attend within each image both ways too;
+    Gemma4's sends its per-layer inputs, made with image tokens as 0."""
+    from tests.vision_test import PROMPTS as GEMMA3_PROMPTS
     from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
 
-    preset = build_tiny_vision_preset(str(tmp_path / "gemma3_vision"))
-    expected = keras_hub_greedy_with_images(preset, IMAGE_PROMPTS, MAX_NEW_TOKENS)
+    options, engine = PIPELINE_IMAGE_CASES[family]
+    preset = build_tiny_vision_preset(str(tmp_path / family), **options)
+    prompts = batch_prompts(IMAGE_CASES[family][0])
+    if family == "gemma3":
+        prompts = GEMMA3_PROMPTS
+    expected = keras_hub_greedy_with_images(preset, prompts, MAX_NEW_TOKENS)
+    # The image decides the answer: the same text, another image.
+    assert expected[0][1] != expected[3][1]
     with parallel_llm(
         f"keras_hub:{preset}",
         pipeline_parallel_size=2,
         limit_mm_per_prompt={"image": 2},
         enforce_eager=True,
-        block_size=16,
+        **engine,
     ) as llm:
-        requests = [audio.request(text, images) for text, images in IMAGE_PROMPTS]
+        requests = [audio.request(text, images) for text, images in prompts]
         outputs = llm.generate(requests, GREEDY, use_tqdm=False)
         reports = sorted(llm.collective_rpc(stage_report), key=lambda r: r["ranks"])
         attended = dict(llm.collective_rpc(image_rows_report))
-    row = "gemma3 + vision encoder"
-    support_matrix.record(row, TINY_FAMILIES["gemma3"][1], pp2="FAIL")
+    row = f"{family} + vision encoder"
+    support_matrix.record(row, TINY_FAMILIES[family][1], pp2="FAIL")
     assert_tokens(outputs, expected)
-    support_matrix.record(row, TINY_FAMILIES["gemma3"][1], pp2="pass, with images")
+    support_matrix.record(row, TINY_FAMILIES[family][1], pp2="pass, with images")
     first, last = reports
     assert first["vision_encoder"] > 0 and last["vision_encoder"] == 0
     assert first["others"] == last["others"] == 0
+    if family == "gemma4":
+        assert (first["stage"], last["stage"]) == ((0, 2), (2, 6))
+        return
     # Every layer of both stages re-attended the batch's image rows both
     # ways, each once (this preset's tokens alone would not show the last
     # stage's doing so).

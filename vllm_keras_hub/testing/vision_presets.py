@@ -36,6 +36,7 @@ def build_tiny_vision_preset(
     bidirectional=False,
     audio=False,
     video=False,
+    backbone_overrides=None,
 ):
     """A tiny preset with a vision encoder and an image converter.
 
@@ -57,6 +58,7 @@ def build_tiny_vision_preset(
         video: Gemma4 only: with the preset's video converter too, as
             every published Gemma4 preset has it (`GEMMA4_VIDEO_FRAMES`
             frames per video, each of at most 70 soft tokens).
+        backbone_overrides: Backbone arguments over the family's.
 
     Returns:
         `directory`.
@@ -69,7 +71,12 @@ def build_tiny_vision_preset(
         if audio:
             images["audio"] = True
     build_tiny_preset(
-        family, directory, seed=seed, multimodal=family == "gemma3", images=images
+        family,
+        directory,
+        seed=seed,
+        multimodal=family == "gemma3",
+        images=images,
+        backbone_overrides=backbone_overrides,
     )
     size = None
     if family == "gemma3":
