@@ -274,6 +274,37 @@ def test_gemma4_pipeline_keeps_kv_sharing_layers_with_their_sources(shared, tmp_
     assert first["embedding"] and last["head"]
 
 
+def test_hybrid_pipeline_keeps_each_stages_state_on_its_rank(shared, tmp_path):
+    """Qwen3.5 at 2 stages, on a tiny preset of 8 layers (Gated DeltaNet,
+    attention every 4th): each stage holds its own layers' recurrent state
+    in vLLM's state cache, and an attention layer, which vLLM 0.32 needs on
+    every stage. The tokens are its full forward's (`generate()` is not
+    exact for Qwen3.5, `model_test.py`)."""
+    from vllm_keras_hub.testing.presets import build_tiny_preset
+
+    preset = build_tiny_preset(
+        "qwen3_5", str(tmp_path / "qwen3_5"), backbone_overrides={"num_layers": 8}
+    )
+    expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS, full_forward=True)
+    with parallel_llm(
+        f"keras_hub:{preset}",
+        pipeline_parallel_size=2,
+        max_num_batched_tokens=CHUNK,
+        enable_chunked_prefill=True,
+        enforce_eager=True,
+    ) as llm:
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        reports = sorted(llm.collective_rpc(stage_report), key=lambda r: r["ranks"])
+    support_matrix.record("qwen3_5", TINY_FAMILIES["qwen3_5"][1], pp2="FAIL")
+    _assert_greedy_parity(outputs, expected)
+    support_matrix.record("qwen3_5", TINY_FAMILIES["qwen3_5"][1], pp2="pass (8 layers)")
+    first, last = reports
+    assert (first["stage"], last["stage"]) == ((0, 4), (4, 8))
+    assert first["attention"] == ["attention.3"] and last["attention"] == ["attention.7"]
+    assert first["states"] == last["states"] == 3
+    assert first["others"] == last["others"] == 0
+
+
 # family -> (image placeholder, engine settings): Gemma4's images are split
 # over 128-token prefill steps (its attention over them is causal).
 IMAGE_CASES = {

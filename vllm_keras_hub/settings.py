@@ -28,13 +28,7 @@ class UnsupportedParallelismError(ValueError):
 
 # Backbone class -> why it cannot be cut into pipeline stages
 # (`models/pipeline.py`): more than the hidden states crosses between its layers.
-_HYBRID_STAGES = (
-    "its Gated DeltaNet layers' state layers are not placed in pipeline "
-    "stages yet"
-)
 PIPELINE_REFUSALS = {
-    "Qwen3_5Backbone": _HYBRID_STAGES,
-    "Qwen3_5MoeBackbone": _HYBRID_STAGES,
     "Gemma3nBackbone": (
         "its layers pass a stack of AltUp hidden states and per-layer "
         "inputs from layer to layer, not one hidden state"

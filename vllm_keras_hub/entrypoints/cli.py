@@ -114,6 +114,10 @@ def serve(model, vllm_argv):
     draft = None
     try:
         updates = settings.settle(folder, vars(args), given)
+        # After the preset is read, so Keras runs on the backend chosen then.
+        from vllm_keras_hub.models import pipeline
+
+        pipeline.check_stages(folder.preset, args.pipeline_parallel_size)
         draft_updates, draft = speculative.settle(folder, vars(args))
         updates.update(draft_updates)
         updates.update(settings.chat_parser_flags(folder, vars(args)))

@@ -79,6 +79,12 @@ def test_bad_model_exits_before_the_engine_starts(model, cause):
             ("--pipeline-parallel-size", "2"),
             "Gemma3n cannot be served with pipeline parallelism",
         ),
+        # Its tiny preset's first 2 layers are Gated DeltaNet layers only.
+        (
+            "qwen3_5",
+            ("--pipeline-parallel-size", "2"),
+            "Pipeline stage 0 would hold layers 0 to 1, Gated DeltaNet layers only",
+        ),
         (
             "qwen3_moe",
             ("--tensor-parallel-size", "2", "--enable-expert-parallel"),

@@ -18,6 +18,7 @@ from vllm_keras_hub.export.model_folder import ModelFolder  # noqa: E402
 from vllm_keras_hub.export.preset_folder import strip_prefix  # noqa: E402
 from vllm_keras_hub.lora import adapters as lora_adapters  # noqa: E402
 from vllm_keras_hub.lora.merged import adapter_loader_config  # noqa: E402
+from vllm_keras_hub.models import pipeline  # noqa: E402
 from vllm_keras_hub.plugin import register  # noqa: E402
 
 
@@ -71,6 +72,9 @@ class KerasHubLLM(vllm.LLM):
             )
             try:
                 kwargs.update(settings.settle(self.model_folder, kwargs, set(kwargs)))
+                pipeline.check_stages(
+                    self.model_folder.preset, kwargs.get("pipeline_parallel_size")
+                )
                 updates, self.draft_folder = speculative.settle(self.model_folder, kwargs)
                 kwargs.update(updates)
             except BaseException:

@@ -244,6 +244,7 @@ def stage(backbone, rank=0, size=1):
         )
     starts = [get_pp_indices(len(layers), index, size)[0] for index in range(size)]
     starts = _keep_kv_sharing_together(layers, starts)
+    _check_attention_in_every_stage(layers, starts)
     start, end = (starts + [len(layers)])[rank : rank + 2]
     if start == end:
         raise UnsupportedParallelismError(
@@ -318,3 +319,47 @@ def _keep_kv_sharing_together(layers, starts):
             f"stage, which leaves {first_source} layers for the others."
         )
     return moved
+
+
+def _check_attention_in_every_stage(layers, starts):
+    """Raises where a hybrid model's stage would hold no attention layer.
+
+    vLLM 0.32's engine asks every worker which KV cache layouts its layers'
+    backends take and asserts that all agree (`resolve_kv_cache_layout`):
+    a stage of Gated DeltaNet layers alone takes any, so it never does.
+    """
+    kinds = [getattr(layer, "layer_type", None) for layer in layers]
+    if "linear_attention" not in kinds:
+        return
+    bounds = starts + [len(layers)]
+    for rank, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        if "full_attention" not in kinds[start:end]:
+            attending = [i for i, kind in enumerate(kinds) if kind == "full_attention"]
+            raise UnsupportedParallelismError(
+                f"Pipeline stage {rank} would hold layers {start} to {end - 1}, "
+                "Gated DeltaNet layers only: vLLM 0.32 needs every stage to "
+                "hold an attention layer (its workers must agree on one KV "
+                "cache layout). Give each stage one of the attention layers "
+                f"{attending} (VLLM_PP_LAYER_PARTITION), or fewer stages."
+            )
+
+
+def check_stages(preset, pipeline_parallel_size):
+    """Raises where `preset` cannot be cut into this many stages.
+
+    The cut depends on the layers (Gemma4's KV-sharing layers stay with
+    their sources, each hybrid stage needs an attention layer), read here
+    off the backbone with no weight allocated, so `serve` and `KerasHubLLM`
+    stop before the engine starts.
+
+    Args:
+        preset: The preset's path or handle.
+        pipeline_parallel_size: vLLM's `pipeline_parallel_size`.
+    """
+    if not pipeline_parallel_size or pipeline_parallel_size < 2:
+        return
+    from vllm_keras_hub.loading.preset_weights import unloaded_backbone
+
+    backbone = unloaded_backbone(preset, "float32")
+    for rank in range(pipeline_parallel_size):
+        stage(backbone, rank, pipeline_parallel_size)

@@ -32,11 +32,13 @@ POSITIONS = torch.arange(TOKENS.shape[1])[None]
 # (family, multimodal): every family that can be cut, and Gemma3's vision
 # presets, whose text path is a loop over the layers, not its graph. The
 # tiny Gemma4s' 4 layers all read or are read by KV-sharing layers, so they
-# are one stage's: `test_gemma4_stages_...` cuts 6 layers.
+# are one stage's, and the tiny Qwen3.5s' first 2 hold no attention layer:
+# `test_gemma4_stages_...` and `test_hybrid_stages_...` cut more layers.
+UNCUT_TINY = ("Gemma4Backbone", "Qwen3_5Backbone", "Qwen3_5MoeBackbone")
 CUT = [
     (family, False)
     for family, (_, backbone, _) in sorted(TINY_FAMILIES.items())
-    if backbone not in PIPELINE_REFUSALS and backbone != "Gemma4Backbone"
+    if backbone not in PIPELINE_REFUSALS and backbone not in UNCUT_TINY
 ] + [("gemma3", True)]
 
 
@@ -142,7 +144,7 @@ def test_untied_head_is_held_by_the_last_stage_only(presets):
     assert last_embedding.reverse_embeddings.value.numel() > 0
 
 
-@pytest.mark.parametrize("family", ["gemma3n", "qwen3_5", "qwen3_5_moe"])
+@pytest.mark.parametrize("family", ["gemma3n"])
 def test_families_that_cannot_be_cut_are_refused(presets, family):
     backbone = unloaded_backbone(presets(family), "float32")
     with pytest.raises(UnsupportedParallelismError, match="cannot be served with pipeline"):
@@ -202,4 +204,22 @@ def test_gemma4_stages_keep_kv_sharing_layers_with_their_sources(
     monkeypatch.delenv("VLLM_PP_LAYER_PARTITION")
     four = unloaded_backbone(presets(family), "float32")
     with pytest.raises(UnsupportedParallelismError, match="layers 0 to 3\\) must be in one"):
+        pipeline.stage(four, 1, 2)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_hybrid_stages_each_hold_an_attention_layer(family, presets, tmp_path):
+    """8 hybrid layers (attention at 3 and 7) cut as vLLM cuts them, each
+    stage with its Gated DeltaNet layers and one attention layer; the tiny
+    4-layer preset's first stage would hold Gated DeltaNet layers only,
+    which vLLM 0.32's engine cannot start, so it is refused."""
+    preset = build_tiny_preset(
+        family, str(tmp_path / "eight"), backbone_overrides={"num_layers": 8}
+    )
+    expected, _ = _whole_forward(preset)
+    hidden, stages = _run_stages(preset, 2)
+    torch.testing.assert_close(hidden, expected, rtol=0, atol=0)
+    assert [(s.start, s.end) for s, _ in stages] == [(0, 4), (4, 8)]
+    four = unloaded_backbone(presets(family), "float32")
+    with pytest.raises(UnsupportedParallelismError, match="Gated DeltaNet layers only"):
         pipeline.stage(four, 1, 2)

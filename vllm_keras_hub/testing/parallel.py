@@ -138,6 +138,7 @@ def stage_report(worker):
         A dict: `stage`, its `(start, end)` layers; `ranks`, its `(pp, tp)`
         ranks; `attention`, the names of its vLLM `Attention` layers;
         `kv_sharing`, each KV-sharing one's name to its target's;
+        `states`, its recurrent-state layers (Gated DeltaNet);
         `experts`, its `FusedMoE` count; `others`, elements Keras holds
         for other stages' transformer layers; `embedding` and `head`,
         whether it holds the input table and an output projection;
@@ -180,6 +181,7 @@ def stage_report(worker):
             if layer.kv_sharing_target_layer_name is not None
         },
         experts=len(model.moe),
+        states=len(model.states),
         others=sum(held(layer) for i, layer in enumerate(layers) if i not in own),
         embedding=(
             embedding.embeddings.value.numel() > 0
