@@ -27,7 +27,8 @@ class UnsupportedParallelismError(ValueError):
 
 
 # Backbone class -> why it cannot be cut into pipeline stages
-# (`models/pipeline.py`): more than the hidden states crosses between its layers.
+# (`models/pipeline.py`). Where a family can, some cuts still cannot be
+# served; `pipeline.check_stages` refuses those at start-up.
 PIPELINE_REFUSALS = {
     "Gemma3nBackbone": (
         "its layers pass a stack of AltUp hidden states and per-layer "
