@@ -68,6 +68,8 @@ CASES = {
     "gemma4": "KV-sharing layers, per-layer inputs, K = V global layers",
     "gemma4_moe": "a dense MLP sliced beside experts on vLLM's FusedMoE",
     "gemma3n": "activation sparsity over the whole width, AltUp, KV sharing",
+    "qwen3_5": "Gated DeltaNet heads and state per rank, a gated query",
+    "qwen3_5_moe": "Gated DeltaNet heads per rank, experts and a gated shared expert",
 }
 
 
@@ -84,12 +86,18 @@ def _bind_threads(monkeypatch):
 
 
 def _single_rank(preset):
-    """The attention specs and expert widths of the whole model."""
+    """The attention specs, expert widths and GDN layers of the whole model.
+
+    Each GDN layer as `(key heads, value heads, key head size, value head
+    size, A_log)`.
+    """
+    import keras
     import keras_hub
 
     from vllm_keras_hub.export.preset_folder import read_preset
     from vllm_keras_hub.layers import attention
     from vllm_keras_hub.layers import moe_routes
+    from vllm_keras_hub.layers import state_routes
     from vllm_keras_hub.models import pipeline
     from vllm_keras_hub.models import probe
 
@@ -99,7 +107,18 @@ def _single_rank(preset):
     widths = [
         moe_routes.route_of(block).spec(block).intermediate_size for block in blocks
     ]
-    return probe.run(pipeline.stage(backbone)).specs, widths
+    gdn = [
+        (
+            layer.num_k_heads,
+            layer.num_v_heads,
+            layer.head_k_dim,
+            layer.head_v_dim,
+            keras.ops.convert_to_numpy(layer.A_log).tolist(),
+        )
+        for layer in map(state_routes.state_layer, attention.transformer_layers(backbone))
+        if layer is not None
+    ]
+    return probe.run(pipeline.stage(backbone)).specs, widths, gdn
 
 
 @pytest.mark.parametrize("family", sorted(CASES))
@@ -122,7 +141,7 @@ def test_tensor_parallel_greedy_parity(family, shared):
     _assert_greedy_parity(outputs, expected)
     support_matrix.record(family, TINY_FAMILIES[family][1], tp2="pass")
 
-    specs, expert_widths = _single_rank(preset)
+    specs, expert_widths, gdn_layers = _single_rank(preset)
     assert [report["rank"] for report in reports] == [0, 1]
     for report in reports:
         # Every sharded matmul holds 1/2 of its weight on its rank (a
@@ -169,6 +188,19 @@ def test_tensor_parallel_greedy_parity(family, shared):
             assert cut[0] + cut[1] == pytest.approx(whole)
     assert any(spec.alibi_slopes for spec in specs) == (family in ("bloom", "falcon"))
     assert any(spec.sinks for spec in specs) == (family == "gpt_oss")
+    # Gated DeltaNet layers (Qwen3.5): each rank holds half of every layer's
+    # key and value heads, in its convolution, its decay and its slots in
+    # vLLM's state cache; the ranks' decays together are the whole, in order.
+    assert bool(gdn_layers) == family.startswith("qwen3_5")
+    assert [len(report["states"]) for report in reports] == [len(gdn_layers)] * 2
+    for layer, (k, v, k_size, v_size, a_log) in enumerate(gdn_layers):
+        cut = [report["states"][layer] for report in reports]
+        for held in cut:
+            assert held["heads"] == (k // 2, v // 2)
+            assert held["conv_channels"] == (2 * k * k_size + v * v_size) // 2
+            assert held["recurrent"] == (v // 2, k_size, v_size)
+        assert cut[0]["a_log"] != cut[1]["a_log"]
+        assert cut[0]["a_log"] + cut[1]["a_log"] == pytest.approx(a_log)
 
 
 # (family, vision) -> what it proves under pipeline parallelism.

@@ -93,13 +93,7 @@ def check_parallelism(
 
 # Backbone class -> why its layers are not sharded across tensor-parallel
 # ranks yet (`layers/parallel_linear.py`).
-_HYBRID_SHARDS = (
-    "its Gated DeltaNet layers' heads and state are not split across ranks "
-    "yet"
-)
 TENSOR_REFUSALS = {
-    "Qwen3_5Backbone": _HYBRID_SHARDS,
-    "Qwen3_5MoeBackbone": _HYBRID_SHARDS,
     "PaliGemmaBackbone": "its ViT and its decoder are not sharded across ranks yet",
 }
 

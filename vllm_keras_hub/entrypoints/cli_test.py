@@ -16,6 +16,7 @@ from vllm_keras_hub.testing.server import engine_cores
 from vllm_keras_hub.testing.server import free_port
 from vllm_keras_hub.testing.server import running_server
 from vllm_keras_hub.testing.user_env import user_env
+from vllm_keras_hub.testing.vision_presets import build_tiny_pali_gemma_preset
 
 ENGINE_STARTED = "Starting to load model"
 
@@ -67,11 +68,11 @@ def test_bad_model_exits_before_the_engine_starts(model, cause):
 @pytest.mark.parametrize(
     "family, flags, cause",
     [
-        # Qwen3.5's Gated DeltaNet layers are not sharded.
+        # PaliGemma's ViT and decoder are not sharded.
         (
-            "qwen3_5",
+            "pali_gemma",
             ("--tensor-parallel-size", "2"),
-            "Qwen3.5 cannot be served with tensor parallelism yet",
+            "PaliGemma cannot be served with tensor parallelism yet",
         ),
         # Gemma3n's layers pass a stack of hidden states, not one.
         (
@@ -95,7 +96,10 @@ def test_bad_model_exits_before_the_engine_starts(model, cause):
 def test_unsupported_parallelism_exits_before_the_engine_starts(
     family, flags, cause, tmp_path
 ):
-    preset = build_tiny_preset(family, str(tmp_path))
+    if family == "pali_gemma":
+        preset = build_tiny_pali_gemma_preset(str(tmp_path))
+    else:
+        preset = build_tiny_preset(family, str(tmp_path))
     result = run_cli("serve", preset, *flags)
     assert result.returncode == 2
     assert cause in result.stderr

@@ -190,7 +190,8 @@ def qwen3_5(layer, hidden_states, positions):
     output = ops.reshape(output, (num_tokens, 1, -1)) * ops.sigmoid(
         ops.reshape(gate, (num_tokens, 1, -1))
     )
-    output = ops.reshape(output, (num_tokens, 1, layer.num_query_heads, layer.head_dim))
+    # The rank's heads under tensor parallelism, not `num_query_heads`.
+    output = ops.reshape(output, (num_tokens, 1, -1, layer.head_dim))
     return layer._output_dense(output)
 
 

@@ -18,7 +18,7 @@ from vllm_keras_hub.layers import moe_routes
 from vllm_keras_hub.layers import step
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import backbone_kwargs
-from vllm_keras_hub.testing.presets import randomize_constant_moe_weights
+from vllm_keras_hub.testing.presets import randomize_constant_weights
 
 MOE_FAMILIES = ["gemma4_moe", "gpt_oss", "mixtral", "qwen3_5_moe", "qwen3_moe", "qwen_moe"]
 # The kernel sums the chosen experts in another order than KerasHub's
@@ -61,7 +61,7 @@ def tiny_backbone(family, dtype):
     backbone = getattr(keras_hub.models, backbone_name)(
         **backbone_kwargs(family, 300), dtype=dtype
     )
-    randomize_constant_moe_weights(backbone, seed=0)
+    randomize_constant_weights(backbone, seed=0)
     return backbone
 
 

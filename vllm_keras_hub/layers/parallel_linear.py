@@ -11,7 +11,9 @@ split across the tensor-parallel ranks:
 - where there are fewer KV heads than ranks, each KV head is replicated on
   `ranks / kv_heads` ranks, as `QKVParallelLinear` replicates it;
 - per-head tensors (ALiBi slopes, attention sinks) are cut to the rank's
-  heads.
+  heads;
+- a Gated DeltaNet layer in place of attention (Qwen3.5) keeps its heads
+  (`parallel_state.py`).
 
 The KerasHub layers keep their own code: an `EinsumDense` over a kernel
 of `heads / ranks` heads gives `heads / ranks` heads out, and the layers'
@@ -21,12 +23,12 @@ rank's. The output head and the input embedding hold the rank's rows of the
 vocabulary (`vocab_parallel.py`).
 """
 
-import math
-
 from vllm_keras_hub.layers import kernel_readers
-from vllm_keras_hub.layers import linear
+from vllm_keras_hub.layers import linear_shards
 from vllm_keras_hub.layers import moe_routes
 from vllm_keras_hub.layers import parallel_mlp
+from vllm_keras_hub.layers import parallel_state
+from vllm_keras_hub.layers import state_routes
 from vllm_keras_hub.layers import vocab_parallel
 from vllm_keras_hub.settings import UnsupportedParallelismError
 
@@ -64,6 +66,7 @@ MLP_OUTPUT = (
     "down_proj",
 )
 
+
 def _sublayer(owner, names, role):
     found = []
     for name in names:
@@ -78,112 +81,6 @@ def _sublayer(owner, names, role):
             f"{len(found)}; it cannot be sharded."
         )
     return found
-
-
-def _plan(layer):
-    """`(variable, permutation, contracted_rank)` of a plain matmul, or raises."""
-    weight = linear.matmul_weight(layer)
-    if weight is None:
-        raise UnsupportedParallelismError(
-            f"{layer.name} ({type(layer).__name__}) is not a plain matmul; "
-            "it cannot be sharded."
-        )
-    return weight
-
-
-def _heads(layer):
-    # An EinsumDense projection's first output axis is its heads.
-    variable, permutation, contracted_rank = _plan(layer)
-    return variable.shape[permutation[contracted_rank]]
-
-
-def _shard_column(layer, rank, ranks, prefix, weights, units="units"):
-    """Makes `layer` a `ColumnParallelLinear` over its first output axis.
-
-    Args:
-        layer: A built Dense or plain-matmul EinsumDense.
-        rank: This rank's index among `ranks` shards.
-        ranks: How many shards the output is cut into (fewer than the
-            tensor-parallel size where KV heads are replicated).
-        prefix: The vLLM layer's name.
-        weights: The backbone's `PresetWeights`.
-        units: What the first output axis counts, for the error message.
-    """
-    from vllm.model_executor.layers.linear import ColumnParallelLinear
-
-    variable, permutation, contracted_rank = _plan(layer)
-    kernel = weights.read(variable).detach().permute(permutation)
-    in_size = math.prod(kernel.shape[:contracted_rank])
-    out_shape = list(kernel.shape[contracted_rank:])
-    if out_shape[0] % ranks:
-        raise UnsupportedParallelismError(
-            f"{layer.name}: {out_shape[0]} {units} do not split into {ranks} "
-            "shards."
-        )
-    vllm_linear = ColumnParallelLinear(
-        in_size,
-        math.prod(out_shape),
-        bias=False,
-        params_dtype=kernel.dtype,
-        prefix=prefix,
-        return_bias=False,
-        tp_rank=rank,
-        tp_size=ranks,
-    )
-    vllm_linear.weight.weight_loader(
-        vllm_linear.weight, kernel.reshape(in_size, -1).t()
-    )
-    out_shape[0] //= ranks
-    bias = getattr(layer, "bias", None)
-    if bias is not None:
-        if tuple(bias.shape) != tuple(kernel.shape[contracted_rank:])[-bias.ndim :]:
-            raise UnsupportedParallelismError(
-                f"{layer.name}: a bias of shape {tuple(bias.shape)} over an "
-                f"output of shape {tuple(kernel.shape[contracted_rank:])} "
-                "cannot be sharded."
-            )
-        if bias.ndim == len(out_shape):
-            size = out_shape[0]
-            whole = weights.read(bias)
-            weights.keep(bias, whole[rank * size : (rank + 1) * size].clone())
-    _use(layer, vllm_linear, in_size, contracted_rank, tuple(out_shape), variable, weights)
-    return vllm_linear
-
-
-def _shard_row(layer, rank, ranks, prefix, weights):
-    """Makes `layer` a `RowParallelLinear` over its first contracted axis."""
-    from vllm.model_executor.layers.linear import RowParallelLinear
-
-    variable, permutation, contracted_rank = _plan(layer)
-    kernel = weights.read(variable).detach().permute(permutation)
-    in_shape = list(kernel.shape[:contracted_rank])
-    if in_shape[0] % ranks:
-        raise UnsupportedParallelismError(
-            f"{layer.name}: an input of {in_shape[0]} does not split into "
-            f"{ranks} shards."
-        )
-    in_size = math.prod(in_shape)
-    vllm_linear = RowParallelLinear(
-        in_size,
-        math.prod(kernel.shape[contracted_rank:]),
-        bias=False,
-        params_dtype=kernel.dtype,
-        prefix=prefix,
-        return_bias=False,
-    )
-    vllm_linear.weight.weight_loader(
-        vllm_linear.weight, kernel.reshape(in_size, -1).t()
-    )
-    out_shape = tuple(kernel.shape[contracted_rank:])
-    _use(layer, vllm_linear, in_size // ranks, contracted_rank, out_shape, variable, weights)
-    return vllm_linear
-
-
-def _use(layer, vllm_linear, in_size, contracted_rank, out_shape, variable, weights):
-    vllm_linear.quant_method.process_weights_after_loading(vllm_linear)
-    linear.use_packed_kernel(layer, vllm_linear, in_size, contracted_rank, out_shape)
-    weights.release([variable])
-    layer._packed_kernel.freed = True
 
 
 def _cut_per_head(attention, rank, ranks, weights):
@@ -238,16 +135,13 @@ def shard(transformer_layers, rank, ranks, prefix, weights, first_index=0):
     """
     made = []
     for index, block in enumerate(transformer_layers, start=first_index):
-        attention = _attention_of(block)
         name = f"{prefix}{index}."
-        (output,) = _sublayer(attention, ATTENTION_OUTPUT, "attention output")
-        if any(getattr(attention, fused, None) is not None for fused in FUSED_QKV):
-            (qkv,) = _sublayer(attention, FUSED_QKV, "fused query/key/value")
-            made.append(_shard_column(qkv, rank, ranks, f"{name}qkv", weights, "heads"))
+        mixer = state_routes.state_layer(block)
+        if mixer is not None:
+            # A Gated DeltaNet layer in place of attention (Qwen3.5).
+            made.extend(parallel_state.shard(mixer, rank, ranks, f"{name}gdn.", weights))
         else:
-            made.extend(_shard_qkv(attention, rank, ranks, name, weights))
-        made.append(_shard_row(output, rank, ranks, f"{name}o", weights))
-        _cut_per_head(attention, rank, ranks, weights)
+            made.extend(_shard_attention(block, rank, ranks, name, weights))
         if kernel_readers.reads_kernels(block):
             parallel_mlp.shard(block, rank, ranks, weights)
             continue
@@ -259,15 +153,28 @@ def shard(transformer_layers, rank, ranks, prefix, weights, first_index=0):
         mlp = getattr(block, "mlp", block)
         for index_in, layer in enumerate(_sublayer(mlp, MLP_INPUT, "mlp")):
             made.append(
-                _shard_column(layer, rank, ranks, f"{name}mlp_in{index_in}", weights)
+                linear_shards.column(layer, rank, ranks, f"{name}mlp_in{index_in}", weights)
             )
         for index_out, layer in enumerate(_sublayer(mlp, MLP_OUTPUT, "mlp")):
             made.append(
-                _shard_row(layer, rank, ranks, f"{name}mlp_out{index_out}", weights)
+                linear_shards.row(layer, rank, ranks, f"{name}mlp_out{index_out}", weights)
             )
         parallel_mlp.gather_statistics(mlp, rank, ranks)
     return made
 
+
+def _shard_attention(block, rank, ranks, name, weights):
+    """Column shards of the block's q/k/v, a row shard of its output."""
+    attention = _attention_of(block)
+    (output,) = _sublayer(attention, ATTENTION_OUTPUT, "attention output")
+    if any(getattr(attention, fused, None) is not None for fused in FUSED_QKV):
+        (qkv,) = _sublayer(attention, FUSED_QKV, "fused query/key/value")
+        made = [linear_shards.column(qkv, rank, ranks, f"{name}qkv", weights, "heads")]
+    else:
+        made = _shard_qkv(attention, rank, ranks, name, weights)
+    made.append(linear_shards.row(output, rank, ranks, f"{name}o", weights))
+    _cut_per_head(attention, rank, ranks, weights)
+    return made
 
 def _shard_qkv(attention, rank, ranks, name, weights):
     """Column shards of separate q/k/v projections, KV heads replicated as needed.
@@ -288,11 +195,11 @@ def _shard_qkv(attention, rank, ranks, name, weights):
     # KV head `h` is on ranks `h * replicas ... (h + 1) * replicas - 1`.
     kv_shards = min(kv_heads, ranks)
     kv_rank = rank * kv_shards // ranks
-    made = [_shard_column(query, rank, ranks, f"{name}q", weights, "heads")]
+    made = [linear_shards.column(query, rank, ranks, f"{name}q", weights, "heads")]
     for projection, suffix in ((key, "k"), (value, "v")):
         if projection is not None:
             made.append(
-                _shard_column(
+                linear_shards.column(
                     projection, kv_rank, kv_shards, f"{name}{suffix}", weights, "KV heads"
                 )
             )
@@ -318,7 +225,7 @@ def _kv_heads(attention, key):
         return attention.effective_num_kv_heads
     if len(key.kernel.shape) == 2:
         return attention.num_key_value_heads
-    return _heads(key)
+    return linear_shards.heads(key)
 
 
 def _has_moe(block):

@@ -61,14 +61,19 @@ class GatedDeltaNetSpec:
             int(layer.conv_kernel_size),
         )
 
-    def state_shape(self):
-        """vLLM's `(conv, recurrent)` slot shapes for this layer."""
+    def state_shape(self, ranks=1):
+        """vLLM's `(conv, recurrent)` slot shapes for this layer.
+
+        Args:
+            ranks: The tensor-parallel ranks the heads are split over (a
+                layer already sharded counts its own heads: 1).
+        """
         from vllm.model_executor.layers.mamba.mamba_utils import (
             MambaStateShapeCalculator,
         )
 
         return MambaStateShapeCalculator.gated_delta_net_state_shape(
-            1,
+            ranks,
             self.num_k_heads,
             self.num_v_heads,
             self.head_k_dim,
@@ -135,7 +140,8 @@ class GatedDeltaNetState(nn.Module, MambaBase):
         self.prefix = prefix
         self.model_dtype = model_dtype
         self.vllm_kernels = vllm_kernels
-        # What vLLM's CPU GDN op reads from its layer.
+        # What vLLM's CPU GDN op reads from its layer; under tensor
+        # parallelism `layer` holds the rank's heads already.
         self.tp_size = 1
         self.num_k_heads = spec.num_k_heads
         self.num_v_heads = spec.num_v_heads

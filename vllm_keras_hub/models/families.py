@@ -111,9 +111,21 @@ FAMILIES = (
     ),
     # Hybrid: Gated DeltaNet layers keep their state in vLLM's state cache
     # (layers/state_routes.py); every 4th layer attends.
-    Family("qwen3_5", "Qwen3.5", "Qwen3_5Backbone", "vllm_keras_hub", hybrid=True),
     Family(
-        "qwen3_5_moe", "Qwen3.5-MoE", "Qwen3_5MoeBackbone", "vllm_keras_hub", hybrid=True
+        "qwen3_5",
+        "Qwen3.5",
+        "Qwen3_5Backbone",
+        "vllm_keras_hub",
+        tensor_parallel=True,
+        hybrid=True,
+    ),
+    Family(
+        "qwen3_5_moe",
+        "Qwen3.5-MoE",
+        "Qwen3_5MoeBackbone",
+        "vllm_keras_hub",
+        tensor_parallel=True,
+        hybrid=True,
     ),
     # Vision-language, prefix-LM: every prompt is an image and its text,
     # attended bidirectionally; the output causally (`models/prefix_lm.py`).

@@ -40,7 +40,9 @@ class KerasHubHybridForCausalLM(KerasHubForCausalLM, IsHybrid, HasInnerState):
 
     @classmethod
     def get_mamba_state_shape_from_config(cls, vllm_config):
-        return _spec(vllm_config).state_shape()
+        # Each rank's slots hold its heads (`layers/parallel_state.py`).
+        ranks = vllm_config.parallel_config.tensor_parallel_size
+        return _spec(vllm_config).state_shape(ranks)
 
     @classmethod
     def get_mamba_state_dtype_from_config(cls, vllm_config):

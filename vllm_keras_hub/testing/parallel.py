@@ -54,7 +54,9 @@ def rank_report(worker):
         `"weight and packed"`, vLLM's default on the CPU), and
         `keras_table`, elements left in Keras's table;
         `sliced_kernels`, `(held, whole)` elements of each Keras kernel
-        sliced in place (`layers/parallel_mlp.py`).
+        sliced in place (`layers/parallel_mlp.py`); `states`, what each
+        Gated DeltaNet layer holds (`heads`, `conv_channels`, `recurrent`
+        slot shape, `a_log`).
     """
     from vllm.distributed import get_tensor_model_parallel_rank
 
@@ -98,6 +100,19 @@ def rank_report(worker):
             for runner in model.moe
         ],
         head=(model.lm_head.num_embeddings_per_partition, model.lm_head.org_vocab_size),
+        states=[_state_report(state) for state in model.states],
+    )
+
+
+def _state_report(state):
+    # What one Gated DeltaNet layer holds on this rank: its heads, its
+    # convolution's channels, its slots' recurrent shape and its decay.
+    layer = state.keras_layer
+    return dict(
+        heads=(state.spec.num_k_heads, state.spec.num_v_heads),
+        conv_channels=layer.conv1d_weight.value.shape[0],
+        recurrent=tuple(state._recurrent_view().shape[1:]),
+        a_log=layer.A_log.value.float().tolist(),
     )
 
 

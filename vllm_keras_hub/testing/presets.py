@@ -15,6 +15,7 @@ import numpy as np
 
 from vllm_keras_hub.layers import attention
 from vllm_keras_hub.layers import moe_routes
+from vllm_keras_hub.layers import state_routes
 from vllm_keras_hub.testing.media_encoders import IMAGES
 from vllm_keras_hub.testing.media_encoders import MULTIMODAL
 from vllm_keras_hub.testing.tokenizers import make_tokenizer
@@ -339,25 +340,30 @@ def backbone_kwargs(family, vocabulary_size, multimodal=False, images=None, toke
     return {**vocabulary, **common, **kwargs, **media}
 
 
-def randomize_constant_moe_weights(backbone, seed):
-    """Random values for MoE weights that KerasHub initialises constant.
+def randomize_constant_weights(backbone, seed):
+    """Random values for MoE and GDN weights that KerasHub initialises constant.
 
     Gemma4's experts start as zeros and its scales as ones, GPT-OSS's
-    expert and router biases as zeros: as initialised they would contribute
-    nothing (or nothing per expert) a test could check.
+    expert and router biases as zeros, Qwen3.5's GDN decay `A_log` as zeros
+    and `dt_bias` as ones: as initialised they would contribute nothing
+    (or nothing per expert or head) a test could check. `A_log` is drawn as
+    the Qwen3.5 reference initialises it, `log(uniform(1, 16))`.
     """
     rng = np.random.default_rng(seed)
     owners = [
         layer
         for layer in backbone._flatten_layers(include_self=False)
         if type(layer).__name__ in moe_routes.ROUTES
+        or type(layer).__name__ in state_routes.STATE_LAYERS
         or type(layer).__name__.endswith("Router")
     ]
     for variable in {id(v): v for layer in owners for v in layer.weights}.values():
         value = keras.ops.convert_to_numpy(variable)
         if value.size < 2 or value.min() != value.max():
             continue
-        if value.max() == 1.0:
+        if variable.path.endswith("A_log"):
+            random = np.log(rng.uniform(1.0, 16.0, value.shape))
+        elif value.max() == 1.0:
             random = rng.uniform(0.5, 1.5, value.shape)
         else:
             random = rng.normal(0.0, 0.1, value.shape)
@@ -415,7 +421,7 @@ def build_tiny_preset(
     embedding = backbone.token_embedding or backbone.language_model.embed_tokens
     for variable in embedding.weights:
         variable.assign(variable * logit_scale)
-    randomize_constant_moe_weights(backbone, seed)
+    randomize_constant_weights(backbone, seed)
     kernel_scale = _LAYER_KERNEL_SCALE.get(family, DEFAULT_LAYER_KERNEL_SCALE)
     for layer in attention.transformer_layers(backbone):
         for variable in layer.weights:
