@@ -119,10 +119,6 @@ def test_unsupported_settings_are_refused_before_an_engine_starts(
     gemma4 = build_tiny_preset("gemma4", str(tmp_path))
     with pytest.raises(UnsupportedParallelismError, match="must be in one stage"):
         KerasHubLLM(f"keras_hub:{gemma4}", pipeline_parallel_size=2)
-    with pytest.raises(UnsupportedLoraError, match="pipeline_parallel_size=2"):
-        KerasHubLLM(
-            f"keras_hub:{gemma_preset}", pipeline_parallel_size=2, enable_lora=True
-        )
     # A filter of vLLM's module names could wrap an MoE family's experts.
     with pytest.raises(UnsupportedLoraError, match="--lora-target-modules .*Serve without"):
         KerasHubLLM(

@@ -578,20 +578,25 @@ def test_an_eagle3_head_and_a_draft_model_at_two_ranks(shared, tmp_path):
 GEMMA_ADAPTER_TARGETS = ["key", "attention_output", "ffw_gating", "ffw_linear"]
 
 
-def test_adapters_per_request_at_two_ranks(shared, tmp_path):
-    """Base rows and two KerasHub adapters in one batch at 2 ranks, each row
-    its own model's `generate()` tokens, on Gemma: its one KV head is
-    replicated on both ranks, so vLLM's LoRA layer on a key or value
-    projection is a one-shard layer there and keeps the adapter whole.
+# Gemma's adapter ids, as its LoRA requests name them.
+GEMMA_ADAPTER_IDS = {"default": 1, "mixed": 2}
+
+
+def _gemma_adapters(shared, tmp_path):
+    """Gemma's tiny preset, two KerasHub adapters and each one's oracle.
 
     The adapters are KerasHub's default (query and value, rank 2) and one
-    on the key, the attention output and two MLP matmuls (rank 4); vLLM's
-    column- and row-parallel LoRA layers cut each to the rank's shard."""
-    from vllm.lora.request import LoRARequest
+    on the key, the attention output and two MLP matmuls (rank 4), each
+    changing most prompts' tokens.
 
+    Returns:
+        `(preset, files, expected, rows)`: adapter name to file; adapter
+        name (`None`, the base) to `generate()`'s `(prompt ids, generated
+        ids)` per prompt; the batch's `(adapter name, prompt index)` rows,
+        base and both adapters for every prompt.
+    """
     from vllm_keras_hub.testing.lora import fine_tune_lora
     from vllm_keras_hub.testing.oracle import keras_hub_greedy
-    from vllm_keras_hub.testing.parallel import lora_report
 
     preset = shared.preset("gemma")
     files = {
@@ -620,17 +625,27 @@ def test_adapters_per_request_at_two_ranks(shared, tmp_path):
     for name in files:
         changed = sum(a != b for a, b in zip(expected[name], expected[None]))
         assert changed > len(PROMPTS) // 2, name
-    ids = {"default": 1, "mixed": 2}
     rows = [(name, i) for i in range(len(PROMPTS)) for name in (None, *files)]
+    return preset, files, expected, rows
+
+
+def _serve_adapters(files, expected, rows, preset, **parallelism):
+    """Serves the rows in one batch, each its own model's tokens; returns
+    each worker's `lora_report`, by stage and rank."""
+    from vllm.lora.request import LoRARequest
+
+    from vllm_keras_hub.testing.parallel import lora_report
+
+    ids = GEMMA_ADAPTER_IDS
     with parallel_llm(
         f"keras_hub:{preset}",
-        tensor_parallel_size=2,
         enable_lora=True,
         max_loras=2,
         # The mixed adapter's key: rank 4 times Gemma's heads.
         max_lora_rank=32,
         max_num_batched_tokens=CHUNK,
         enable_chunked_prefill=True,
+        **parallelism,
     ) as llm:
         outputs = llm.generate(
             [PROMPTS[i] for _, i in rows],
@@ -641,11 +656,24 @@ def test_adapters_per_request_at_two_ranks(shared, tmp_path):
             ],
             use_tqdm=False,
         )
-        reports = sorted(llm.collective_rpc(lora_report), key=lambda r: r["rank"])
+        reports = llm.collective_rpc(lora_report)
     for output, (name, i) in zip(outputs, rows, strict=True):
         prompt_ids, generated_ids = expected[name][i]
         assert output.prompt_token_ids == prompt_ids, (name, i)
         assert list(output.outputs[0].token_ids) == generated_ids, (name, i)
+    return sorted(reports, key=lambda r: (r["stage"], r["rank"]))
+
+
+def test_adapters_per_request_at_two_ranks(shared, tmp_path):
+    """Base rows and two KerasHub adapters in one batch at 2 ranks, each row
+    its own model's `generate()` tokens, on Gemma: its one KV head is
+    replicated on both ranks, so vLLM's LoRA layer on a key or value
+    projection is a one-shard layer there and keeps the adapter whole.
+    vLLM's column- and row-parallel LoRA layers cut each adapter to the
+    rank's shard."""
+    preset, files, expected, rows = _gemma_adapters(shared, tmp_path)
+    reports = _serve_adapters(files, expected, rows, preset, tensor_parallel_size=2)
+    ids = GEMMA_ADAPTER_IDS
     # Every attention and MLP matmul is one of vLLM's parallel LoRA layers;
     # a replicated KV projection is whole on each rank (one shard).
     first, second = (report["layers"] for report in reports)
@@ -674,3 +702,29 @@ def test_adapters_per_request_at_two_ranks(shared, tmp_path):
     # The query and value, and the second adapter's 4 layers, of both blocks.
     assert len(loaded[ids["default"]]) == 2 * 2
     assert len(loaded[ids["mixed"]]) == 2 * len(GEMMA_ADAPTER_TARGETS)
+
+
+def test_adapters_per_request_at_two_stages(shared, tmp_path):
+    """The same batch at 2 pipeline stages, Gemma's 2 layers one a stage:
+    each row its own model's `generate()` tokens. Each stage's LoRA layers
+    are its own layer's matmuls, and each adapter loads there exactly its
+    layers of that stage (vLLM's LoRA manager takes the modules a stage
+    has, and the adapter's others are not this stage's)."""
+    preset, files, expected, rows = _gemma_adapters(shared, tmp_path)
+    reports = _serve_adapters(files, expected, rows, preset, pipeline_parallel_size=2)
+    ids = GEMMA_ADAPTER_IDS
+    assert [report["stage"] for report in reports] == [0, 1]
+    held = []
+    for report in reports:
+        loaded = {}
+        for key, (kind, shards, adapters) in report["layers"].items():
+            assert (kind, shards) == ("ReplicatedLinearWithLoRA", 1), key
+            for adapter, (a, b) in adapters.items():
+                if any(map(any, a)):
+                    loaded.setdefault(adapter, set()).add(key)
+        # Per stage: one layer's query and value, and the second adapter's 4.
+        assert len(loaded[ids["default"]]) == 2
+        assert len(loaded[ids["mixed"]]) == len(GEMMA_ADAPTER_TARGETS)
+        held.append(set(report["layers"]))
+    # No matmul is on both stages.
+    assert not held[0] & held[1]

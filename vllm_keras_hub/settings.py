@@ -237,7 +237,6 @@ def check(family, image, values):
     if values.get("enable_lora"):
         check_lora_serving(
             tensor,
-            pipeline,
             values.get("lora_target_modules"),
             values.get("fully_sharded_loras") or False,
         )

@@ -129,6 +129,31 @@ def build(backbone, prefix):
     return modules
 
 
+def other_stages_prefixes(backbone, stage_layers):
+    """vLLM's `lora_skip_prefixes` for a pipeline stage: the adapter modules
+    of every weighted layer outside `stage_layers`.
+
+    vLLM's LoRA manager refuses an adapter naming a module the model lacks
+    (`LoRAModel.from_local_checkpoint`), and a stage holds only its own
+    layers' LoRA layers; an adapter is converted once for all stages, so
+    each stage skips the other stages' modules.
+
+    Args:
+        backbone: The backbone, as `build` was given it.
+        stage_layers: This stage's transformer layers.
+    """
+    own = {
+        id(layer)
+        for block in stage_layers
+        for layer in block._flatten_layers(include_self=True)
+    }
+    return [
+        f"{MODULES}.{index}."
+        for index, layer in enumerate(lora.weighted_layers(backbone))
+        if id(layer) not in own
+    ]
+
+
 def restrict_lora_manager(lora_config, layers):
     """Makes vLLM's LoRA manager wrap `layers` (`build`'s) and nothing else.
 

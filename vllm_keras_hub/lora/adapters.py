@@ -47,7 +47,6 @@ class UnsupportedLoraError(ValueError):
 
 def check_lora_serving(
     tensor_parallel_size,
-    pipeline_parallel_size=1,
     target_modules=None,
     fully_sharded_loras=False,
 ):
@@ -56,7 +55,6 @@ def check_lora_serving(
 
     Args:
         tensor_parallel_size: vLLM's `tensor_parallel_size`.
-        pipeline_parallel_size: vLLM's `pipeline_parallel_size`.
         target_modules: vLLM's `lora_target_modules`, the user's filter.
         fully_sharded_loras: vLLM's `fully_sharded_loras`.
     """
@@ -69,16 +67,6 @@ def check_lora_serving(
             "KerasHub preset: vllm-keras-hub hands vLLM's LoRA layers exactly "
             "the matmuls KerasHub adapters target, and each adapter applies "
             "to those it has. Serve without it."
-        )
-    if pipeline_parallel_size and pipeline_parallel_size > 1:
-        raise UnsupportedLoraError(
-            "LoRA adapters per request (--enable-lora) are not supported "
-            "with pipeline parallelism yet "
-            f"(pipeline_parallel_size={pipeline_parallel_size}): each stage "
-            "would convert and load only its own layers' part of an adapter, "
-            "which no test proves. Serve them at pipeline_parallel_size=1 "
-            "(tensor parallelism works), or merge one adapter at load "
-            "(--lora-weights)."
         )
     if fully_sharded_loras and tensor_parallel_size and tensor_parallel_size > 1:
         # vLLM's S-LoRA layers all-gather each layer's shrunk rows over all

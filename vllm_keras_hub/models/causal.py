@@ -290,6 +290,10 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle3):
         )
         if self.vllm_config.lora_config is not None:
             self.lora_layers = self._lora_layers(backbone)
+            if stage.size > 1:
+                self.lora_skip_prefixes = lora_linear.other_stages_prefixes(
+                    backbone, stage.layers
+                )
 
     def _probe(self, stage, state_layers, moe_blocks):
         """One token through the stage: every layer must route to vLLM."""

@@ -221,9 +221,10 @@ def lora_report(worker):
     of a set of requests), so slots are named by the adapters they hold.
 
     Returns:
-        A dict: `rank`, and `layers`, adapter-file index to `(wrapper class,
+        A dict: `stage`, `rank`, and `layers`, adapter-file index to `(wrapper class,
         the base layer's shards, {adapter id: (its A, its B) as lists})`.
     """
+    from vllm.distributed import get_pp_group
     from vllm.distributed import get_tensor_model_parallel_rank
 
     model = worker.model_runner.model
@@ -246,7 +247,11 @@ def lora_report(worker):
         )
         for key, module in model.lora_layers.items()
     }
-    return dict(rank=get_tensor_model_parallel_rank(), layers=layers)
+    return dict(
+        stage=get_pp_group().rank_in_group,
+        rank=get_tensor_model_parallel_rank(),
+        layers=layers,
+    )
 
 
 def image_rows_report(worker):
