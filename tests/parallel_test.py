@@ -14,8 +14,13 @@ does, so logits differ in the last bits; the tiny presets' widened logits
 keep greedy tokens exact (checked, not assumed: no tolerance is applied).
 """
 
+import concurrent.futures
+import contextlib
+import re
 import subprocess
+import urllib.request
 
+import openai
 import pytest
 
 from tests.model_test import CHUNK
@@ -494,6 +499,25 @@ def test_tensor_and_pipeline_parallel_together(shared, monkeypatch):
     assert all(r["others"] == 0 for r in reports)
 
 
+@contextlib.contextmanager
+def _headless_node(command, tmp_path):
+    """Node 1 of a two-node launch: `command --headless` (engine only), bound
+    to core 1, for the `with` block. Yields its log file's path."""
+    path = tmp_path / "node1.log"
+    with open(path, "w") as log:
+        node1 = subprocess.Popen(
+            [*command, "--headless"],
+            env=user_env(VLLM_CPU_OMP_THREADS_BIND="1"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield path
+    finally:
+        end_process_group(node1)
+
+
 def test_two_nodes_on_loopback_give_generates_tokens(shared, tmp_path):
     """`serve --tensor-parallel-size 2` through the official `openai` client,
     its 2 ranks in 2 vLLM nodes (`--nnodes 2`) on 127.0.0.1.
@@ -512,27 +536,69 @@ def test_two_nodes_on_loopback_give_generates_tokens(shared, tmp_path):
         "--master-addr", "127.0.0.1", "--master-port", str(master_port),
         "--max-model-len", "256", "--dtype", "float32", "--enforce-eager",
     )  # fmt: skip
-    with open(tmp_path / "node1.log", "w") as log:
-        node1 = subprocess.Popen(
-            serve_command(model, *common, "--node-rank", "1", "--headless"),
-            env=user_env(VLLM_CPU_OMP_THREADS_BIND="1"),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        command = serve_command(model, *common, "--node-rank", "0", "--port", str(port))
+    command = serve_command(model, *common, "--node-rank", "0", "--port", str(port))
+    with _headless_node(serve_command(model, *common, "--node-rank", "1"), tmp_path) as log:
         env = user_env(VLLM_CPU_OMP_THREADS_BIND="0")
         support_matrix.record("gemma3", TINY_FAMILIES["gemma3"][1], tp2="FAIL")
         with running_server(command, port, env=env, model_name=model) as (base_url, _):
             assert_served_greedy(base_url, model, PROMPTS, expected, MAX_NEW_TOKENS)
-    finally:
-        end_process_group(node1)
-    log = (tmp_path / "node1.log").read_text()
-    assert "SHM communicator disabled" in log, log[-3000:]
+    assert "SHM communicator disabled" in log.read_text(), log.read_text()[-3000:]
     support_matrix.record(
         "gemma3", TINY_FAMILIES["gemma3"][1], tp2="pass (also server, 2 nodes)"
     )
+
+
+def test_data_parallel_across_two_nodes_gives_generates_tokens(shared, tmp_path):
+    """`serve --data-parallel-size 2` with one engine in each of 2 nodes on
+    127.0.0.1 (vLLM's multi-node data parallelism: node 1 headless, from
+    `--data-parallel-start-rank 1`), through the official `openai` client.
+
+    Concurrent requests, so vLLM's load balancer gives both engines some;
+    every completion is `generate()`'s, and node 1's engine (`DP1`, in its
+    own process) served some of them, by the server's own metrics."""
+    preset = shared.preset("llama3")
+    prompts = 2 * PROMPTS
+    expected = 2 * shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
+    model = f"keras_hub:{preset}"
+    port = free_port()
+    common = (
+        "--data-parallel-size", "2", "--data-parallel-size-local", "1",
+        "--data-parallel-address", "127.0.0.1",
+        "--data-parallel-rpc-port", str(free_port()),
+        "--max-model-len", "256", "--dtype", "float32", "--enforce-eager",
+    )  # fmt: skip
+    node1 = serve_command(model, *common, "--data-parallel-start-rank", "1")
+    command = serve_command(model, *common, "--port", str(port), "--api-server-count", "1")
+    with _headless_node(node1, tmp_path) as log:
+        env = user_env(VLLM_CPU_OMP_THREADS_BIND="0")
+        with running_server(command, port, env=env, model_name=model) as (base_url, _):
+            client = openai.OpenAI(
+                base_url=f"{base_url}/v1", api_key="unused", max_retries=0
+            )
+
+            def complete(prompt):
+                choice = client.completions.create(
+                    model=model,
+                    prompt=prompt,
+                    max_tokens=MAX_NEW_TOKENS,
+                    temperature=0,
+                    extra_body={"ignore_eos": True, "return_token_ids": True},
+                ).choices[0]
+                return choice.prompt_token_ids, choice.token_ids
+
+            with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+                served = list(pool.map(complete, prompts))
+            with urllib.request.urlopen(f"{base_url}/metrics") as response:
+                metrics = response.read().decode()
+    assert served == [tuple(pair) for pair in expected]
+    per_engine = {}
+    for line in metrics.splitlines():
+        match = re.match(r'vllm:request_success_total\{.*engine="(\d+)".*\} (\S+)', line)
+        if match:
+            per_engine[match[1]] = per_engine.get(match[1], 0) + float(match[2])
+    assert per_engine.get("1", 0) > 0 and per_engine.get("0", 0) > 0, per_engine
+    assert sum(per_engine.values()) == len(prompts)
+    assert "EngineCore_DP1" in log.read_text()
 
 
 def test_an_eagle3_head_and_a_draft_model_at_two_ranks(shared, tmp_path):
