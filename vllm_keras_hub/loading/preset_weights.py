@@ -208,6 +208,49 @@ class PresetWeights:
             stored = self._store.get(stored.path)[stored.key]
         return _checked(variable, variable._convert_to_tensor(stored, dtype=variable._dtype))
 
+    def read_slice(self, variable, start, stop, axis=0):
+        """`variable`'s stored value from `start` to `stop` along `axis`.
+
+        From a KerasHub preset in one file, only that slice is read from
+        the file (a vocabulary-parallel rank's rows of a 262,144-row table,
+        not the whole table); otherwise it is cut from `read(variable)`.
+
+        Args:
+            variable: A pending or kept variable.
+            start: The slice's first index along `axis`.
+            stop: One past its last.
+            axis: 0 (rows) or 1 (columns).
+        """
+        dataset = self._dataset(variable)
+        if dataset is None:
+            whole = self.read(variable)
+            return whole[start:stop] if axis == 0 else whole[:, start:stop]
+        if tuple(dataset.shape) != tuple(variable.shape):
+            _checked(variable, dataset)  # raises, naming both shapes
+        value = dataset[(slice(None),) * axis + (slice(start, stop),)]
+        if dataset.attrs.get("dtype") == "bfloat16":
+            # Keras stores bfloat16 as 2-byte opaque values (its reader
+            # converts the whole dataset); a slice is viewed as bfloat16.
+            import ml_dtypes
+
+            value = value.view(ml_dtypes.bfloat16)
+        return variable._convert_to_tensor(value, dtype=variable._dtype)
+
+    def _dataset(self, variable):
+        # The h5py dataset a pending variable is stored in, where the
+        # preset is one `.weights.h5` file (a sharded one, or a converted
+        # checkpoint: `None`).
+        from keras.src.saving.saving_lib import H5IOStore
+        from keras.src.saving.saving_lib import safe_get_h5_dataset
+
+        if not self.pending(variable) or type(self._store) is not H5IOStore:
+            return None
+        _, stored = self._pending[id(variable)]
+        if not isinstance(stored, _Stored):
+            return None
+        group = self._store.get(stored.path)._h5_entry_group
+        return safe_get_h5_dataset(group, stored.key)
+
     def materialize(self, variables):
         """Reads and keeps the pending ones of `variables` in Keras's layers."""
         for variable in variables:

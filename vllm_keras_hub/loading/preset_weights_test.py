@@ -182,3 +182,41 @@ def test_a_hugging_face_weight_read_before_it_is_converted_raises(tmp_path):
     assert tuple(weights.read(kernel).shape) == tuple(kernel.shape)
     weights.finish()
     assert kernel.value.shape == tuple(kernel.shape)
+
+
+@pytest.mark.parametrize("layout", ["one file", "bfloat16", "sharded"])
+def test_a_slice_is_read_alone_from_a_one_file_preset(presets, tmp_path, layout, monkeypatch):
+    """A vocabulary-parallel rank's rows (of the input table) and columns (of
+    an untied output projection, stored `(hidden, vocab)`) equal the stored
+    ones; from one `.weights.h5` file they are read without Keras's reader,
+    which reads a whole dataset, and from a sharded preset through it."""
+    from keras.src.saving.saving_lib import H5IOStore
+
+    preset, dtype = presets("llama3"), "float32"
+    if layout != "one file":
+        dtype = "bfloat16" if layout == "bfloat16" else dtype
+        causal_lm = keras_hub.models.CausalLM.from_preset(preset, dtype=dtype)
+        shards = {"max_shard_size": 0.0003} if layout == "sharded" else {}
+        causal_lm.save_to_preset(str(tmp_path), **shards)
+        preset = str(tmp_path)
+    expected = keras_hub.models.Backbone.from_preset(preset, dtype=dtype).token_embedding
+    backbone, weights = _loaded(preset, dtype)
+    whole_reads = []
+    read = H5IOStore.__getitem__
+    monkeypatch.setattr(
+        H5IOStore, "__getitem__", lambda store, key: whole_reads.append(key) or read(store, key)
+    )
+    embedding = backbone.token_embedding
+    assert not embedding.tie_weights
+    pairs = (
+        (embedding.embeddings, expected.embeddings, 0),
+        (embedding.reverse_embeddings, expected.reverse_embeddings, 1),
+    )
+    for variable, reference, axis in pairs:
+        got = weights.read_slice(variable, 3, 11, axis)
+        assert str(got.dtype) == f"torch.{dtype}"
+        whole = keras.ops.convert_to_numpy(keras.ops.cast(reference, "float32"))
+        np.testing.assert_array_equal(
+            got.float().numpy(), whole[3:11] if axis == 0 else whole[:, 3:11]
+        )
+    assert bool(whole_reads) == (layout == "sharded")
