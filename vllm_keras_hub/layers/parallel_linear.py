@@ -176,6 +176,7 @@ def _shard_attention(block, rank, ranks, name, weights):
     _cut_per_head(attention, rank, ranks, weights)
     return made
 
+
 def _shard_qkv(attention, rank, ranks, name, weights):
     """Column shards of separate q/k/v projections, KV heads replicated as needed.
 

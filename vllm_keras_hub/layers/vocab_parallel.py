@@ -57,10 +57,9 @@ def head(embedding, prefix, weights):
         gives the logits (on the ranks vLLM samples on).
     """
     from keras.layers import ReversibleEmbedding
+    from keras.src.backend.torch.core import to_torch_dtype
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
-
-    from keras.src.backend.torch.core import to_torch_dtype
 
     text_model = getattr(embedding, "__self__", None)
     if text_model is not None:
@@ -161,11 +160,10 @@ def input_lookup(embedding, lm_head, prefix, weights):
         The `VocabParallelEmbedding` that looks up: `lm_head` itself for a
         tied table, else a new one, to be registered as a submodule.
     """
+    from keras.src.backend.torch.core import to_torch_dtype
     from vllm.model_executor.layers.vocab_parallel_embedding import (
         VocabParallelEmbedding,
     )
-
-    from keras.src.backend.torch.core import to_torch_dtype
 
     layer = table_layer(embedding)
     if lm_head is not None and getattr(layer, "tie_weights", True):
