@@ -794,3 +794,39 @@ def test_adapters_per_request_at_two_stages(shared, tmp_path):
         held.append(set(report["layers"]))
     # No matmul is on both stages.
     assert not held[0] & held[1]
+
+
+def test_pali_gemma_at_two_ranks_matches_generate(tmp_path):
+    """PaliGemma, a prefix LM, at 2 ranks: its Gemma decoder sharded as
+    Gemma's, its ViT whole on each rank, and each prompt's prefix (image
+    and text) re-attended both ways over the rank's heads. A batch of
+    images and prompts gives `generate()`'s tokens, each prompt alone."""
+    from tests.vision_pali_gemma_test import ENGINE
+    from tests.vision_pali_gemma_test import GREEDY as PALI_GREEDY
+    from tests.vision_pali_gemma_test import MAX_NEW_TOKENS as PALI_TOKENS
+    from tests.vision_pali_gemma_test import PROMPTS as PALI_PROMPTS
+    from tests.vision_pali_gemma_test import request
+    from tests.vision_pali_gemma_test import served_prompt
+    from vllm_keras_hub.testing.image_oracle import pali_gemma_greedy
+    from vllm_keras_hub.testing.vision_presets import build_tiny_pali_gemma_preset
+
+    preset = build_tiny_pali_gemma_preset(str(tmp_path / "pali_gemma"))
+    expected = pali_gemma_greedy(preset, PALI_PROMPTS, PALI_TOKENS)
+    with parallel_llm(f"keras_hub:{preset}", tensor_parallel_size=2, **ENGINE) as llm:
+        outputs = llm.generate(
+            [request(*p) for p in PALI_PROMPTS], PALI_GREEDY, use_tqdm=False
+        )
+        reports = sorted(llm.collective_rpc(rank_report), key=lambda r: r["rank"])
+    support_matrix.record("pali_gemma", "PaliGemmaBackbone", tp2="FAIL")
+    image_id = outputs[0].prompt_token_ids[0]
+    assert_tokens(
+        outputs, [(served_prompt(ids, image_id), tokens) for ids, tokens in expected]
+    )
+    support_matrix.record("pali_gemma", "PaliGemmaBackbone", tp2="pass, with images")
+    # Every decoder matmul holds half its weight on its rank (Gemma's one KV
+    # head: whole, on both), and Keras's copies are gone.
+    for report in reports:
+        assert [shards for _, _, shards in report["linears"]].count(2) > 0
+        for held, full, shards in report["linears"]:
+            assert held * shards == full
+        assert report["keras_kernels"] == 0

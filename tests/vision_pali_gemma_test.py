@@ -193,7 +193,7 @@ def test_compiled_prompts_in_a_small_step_budget(preset, expected):
             UnsupportedImageServingError,
             "--max-num-batched-tokens 128",
         ),
-        (dict(tensor_parallel_size=2), UnsupportedParallelismError, "not sharded"),
+        (dict(pipeline_parallel_size=2), UnsupportedParallelismError, "pipeline stages"),
         (dict(enable_lora=True), UnsupportedImageServingError, "LoRA adapters"),
     ],
 )

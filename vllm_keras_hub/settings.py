@@ -93,9 +93,7 @@ def check_parallelism(
 
 # Backbone class -> why its layers are not sharded across tensor-parallel
 # ranks yet (`layers/parallel_linear.py`).
-TENSOR_REFUSALS = {
-    "PaliGemmaBackbone": "its ViT and its decoder are not sharded across ranks yet",
-}
+TENSOR_REFUSALS = {}
 
 
 class UnsupportedHybridConfigError(ValueError):

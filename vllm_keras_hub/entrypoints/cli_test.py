@@ -16,7 +16,6 @@ from vllm_keras_hub.testing.server import engine_cores
 from vllm_keras_hub.testing.server import free_port
 from vllm_keras_hub.testing.server import running_server
 from vllm_keras_hub.testing.user_env import user_env
-from vllm_keras_hub.testing.vision_presets import build_tiny_pali_gemma_preset
 
 ENGINE_STARTED = "Starting to load model"
 
@@ -68,12 +67,6 @@ def test_bad_model_exits_before_the_engine_starts(model, cause):
 @pytest.mark.parametrize(
     "family, flags, cause",
     [
-        # PaliGemma's ViT and decoder are not sharded.
-        (
-            "pali_gemma",
-            ("--tensor-parallel-size", "2"),
-            "PaliGemma cannot be served with tensor parallelism yet",
-        ),
         # Gemma3n's layers pass a stack of hidden states, not one.
         (
             "gemma3n",
@@ -96,10 +89,7 @@ def test_bad_model_exits_before_the_engine_starts(model, cause):
 def test_unsupported_parallelism_exits_before_the_engine_starts(
     family, flags, cause, tmp_path
 ):
-    if family == "pali_gemma":
-        preset = build_tiny_pali_gemma_preset(str(tmp_path))
-    else:
-        preset = build_tiny_preset(family, str(tmp_path))
+    preset = build_tiny_preset(family, str(tmp_path))
     result = run_cli("serve", preset, *flags)
     assert result.returncode == 2
     assert cause in result.stderr

@@ -30,6 +30,7 @@ from vllm_keras_hub.layers import parallel_mlp
 from vllm_keras_hub.layers import parallel_state
 from vllm_keras_hub.layers import state_routes
 from vllm_keras_hub.layers import vocab_parallel
+from vllm_keras_hub.loading import heap
 from vllm_keras_hub.settings import UnsupportedParallelismError
 
 # Sublayer names, by what the sublayer is in its attention or decoder layer.
@@ -144,10 +145,12 @@ def shard(transformer_layers, rank, ranks, prefix, weights, first_index=0):
             made.extend(_shard_attention(block, rank, ranks, name, weights))
         if kernel_readers.reads_kernels(block):
             parallel_mlp.shard(block, rank, ranks, weights)
+            heap.release_free_memory()
             continue
         if _has_moe(block):
             # vLLM's `FusedMoE` shards the experts and all-reduces their sum;
             # a shared expert and the router stay whole on every rank.
+            heap.release_free_memory()
             continue
         # SmolLM3 keeps its projections in an `mlp` sublayer.
         mlp = getattr(block, "mlp", block)
@@ -160,6 +163,9 @@ def shard(transformer_layers, rank, ranks, prefix, weights, first_index=0):
                 linear_shards.row(layer, rank, ranks, f"{name}mlp_out{index_out}", weights)
             )
         parallel_mlp.gather_statistics(mlp, rank, ranks)
+        # Each whole kernel read for its shard is freed, but from the heap
+        # (`loading/heap.py`), where the shards kept do not reuse it.
+        heap.release_free_memory()
     return made
 
 

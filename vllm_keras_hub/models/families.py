@@ -129,7 +129,7 @@ FAMILIES = (
     ),
     # Vision-language, prefix-LM: every prompt is an image and its text,
     # attended bidirectionally; the output causally (`models/prefix_lm.py`).
-    Family("pali_gemma", "PaliGemma", "PaliGemmaBackbone"),
+    Family("pali_gemma", "PaliGemma", "PaliGemmaBackbone", tensor_parallel=True),
     # Encoders: their text embedders only, attention bidirectional.
     Family("bert", "BERT", "BertBackbone", "vllm_keras_hub", embedder_only=True),
     Family(
