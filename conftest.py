@@ -123,8 +123,12 @@ EXTENDED = (
     "tests/parallel_test.py::test_tensor_parallel_greedy_parity[gemma3]",
     "tests/parallel_test.py::test_tensor_parallel_greedy_parity[opt]",
     # Qwen3.5-MoE's Gated DeltaNet layers shard as Qwen3.5's, its experts
-    # as Qwen3-MoE's.
+    # as Qwen3-MoE's; PaliGemma's decoder as Gemma's, its images as the
+    # other vision presets' at 2 ranks; data parallelism across two nodes
+    # launches as tensor parallelism across two does.
     "tests/parallel_test.py::test_tensor_parallel_greedy_parity[qwen3_5_moe]",
+    "tests/parallel_test.py::test_pali_gemma_at_two_ranks_matches_generate",
+    "tests/parallel_test.py::test_data_parallel_across_two_nodes_gives_generates_tokens",
     *(
         f"tests/parallel_test.py::test_pipeline_parallel_greedy_parity[{f}-False]"
         for f in ("qwen", "gemma2", "bloom", "gpt_oss", "qwen3_moe")
