@@ -12,17 +12,14 @@ by its settings, so any order gives the same results; the file's order only
 makes each setting start once.
 """
 
-import concurrent.futures
 import contextlib
 import json
 import re
-import urllib.request
 
 import jsonschema
 import keras
 import keras_hub
 import numpy as np
-import openai
 import pytest
 from vllm import LLM
 from vllm import SamplingParams
@@ -38,6 +35,8 @@ from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing.oracle import keras_hub_greedy
 from vllm_keras_hub.testing.presets import build_tiny_preset
 from vllm_keras_hub.testing.server import free_port
+from vllm_keras_hub.testing.server import greedy_ids
+from vllm_keras_hub.testing.server import requests_per_engine
 from vllm_keras_hub.testing.server import running_server
 from vllm_keras_hub.testing.server import serve_command
 
@@ -600,30 +599,9 @@ def test_data_parallel_matches_one_engine(engines, tiny_presets):
         "--enforce-eager",  # replicas are what is tested, not compiling
     )  # fmt: skip
     with running_server(command, port, model_name=model) as (base_url, _):
-        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-
-        def complete(prompt):
-            completion = client.completions.create(
-                model=model,
-                prompt=prompt,
-                max_tokens=TINY_TOKENS,
-                temperature=0,
-                extra_body={"ignore_eos": True, "return_token_ids": True},
-            )
-            choice = completion.choices[0]
-            return choice.prompt_token_ids, choice.token_ids
-
         # Concurrent requests, so the load balancer spreads them.
-        with concurrent.futures.ThreadPoolExecutor(2 * len(TINY_PROMPTS)) as pool:
-            served = list(pool.map(complete, 2 * TINY_PROMPTS))
-        with urllib.request.urlopen(f"{base_url}/metrics") as response:
-            metrics = response.read().decode()
-    per_engine = {}
-    for line in metrics.splitlines():
-        match = re.match(r'vllm:request_success_total\{.*engine="(\d+)".*\} (\S+)', line)
-        if match:
-            engine = int(match[1])
-            per_engine[engine] = per_engine.get(engine, 0) + float(match[2])
+        served = greedy_ids(base_url, model, 2 * TINY_PROMPTS, TINY_TOKENS, concurrent=True)
+        per_engine = requests_per_engine(base_url)
     print(f"\ndata parallel 2: requests served per engine {per_engine}")
     assert served == 2 * single
     assert sorted(per_engine) == [0, 1] and all(per_engine.values()), per_engine

@@ -14,13 +14,9 @@ does, so logits differ in the last bits; the tiny presets' widened logits
 keep greedy tokens exact (checked, not assumed: no tolerance is applied).
 """
 
-import concurrent.futures
 import contextlib
-import re
 import subprocess
-import urllib.request
 
-import openai
 import pytest
 
 from tests.model_test import CHUNK
@@ -43,6 +39,8 @@ from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.server import assert_served_greedy
 from vllm_keras_hub.testing.server import end_process_group
 from vllm_keras_hub.testing.server import free_port
+from vllm_keras_hub.testing.server import greedy_ids
+from vllm_keras_hub.testing.server import requests_per_engine
 from vllm_keras_hub.testing.server import running_server
 from vllm_keras_hub.testing.server import serve_command
 from vllm_keras_hub.testing.user_env import user_env
@@ -572,31 +570,10 @@ def test_data_parallel_across_two_nodes_gives_generates_tokens(shared, tmp_path)
     with _headless_node(node1, tmp_path) as log:
         env = user_env(VLLM_CPU_OMP_THREADS_BIND="0")
         with running_server(command, port, env=env, model_name=model) as (base_url, _):
-            client = openai.OpenAI(
-                base_url=f"{base_url}/v1", api_key="unused", max_retries=0
-            )
-
-            def complete(prompt):
-                choice = client.completions.create(
-                    model=model,
-                    prompt=prompt,
-                    max_tokens=MAX_NEW_TOKENS,
-                    temperature=0,
-                    extra_body={"ignore_eos": True, "return_token_ids": True},
-                ).choices[0]
-                return choice.prompt_token_ids, choice.token_ids
-
-            with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-                served = list(pool.map(complete, prompts))
-            with urllib.request.urlopen(f"{base_url}/metrics") as response:
-                metrics = response.read().decode()
+            served = greedy_ids(base_url, model, prompts, MAX_NEW_TOKENS, concurrent=True)
+            per_engine = requests_per_engine(base_url)
     assert served == [tuple(pair) for pair in expected]
-    per_engine = {}
-    for line in metrics.splitlines():
-        match = re.match(r'vllm:request_success_total\{.*engine="(\d+)".*\} (\S+)', line)
-        if match:
-            per_engine[match[1]] = per_engine.get(match[1], 0) + float(match[2])
-    assert per_engine.get("1", 0) > 0 and per_engine.get("0", 0) > 0, per_engine
+    assert per_engine.get(1, 0) > 0 and per_engine.get(0, 0) > 0, per_engine
     assert sum(per_engine.values()) == len(prompts)
     assert "EngineCore_DP1" in log.read_text()
 

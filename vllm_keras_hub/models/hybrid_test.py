@@ -113,7 +113,7 @@ def test_bfloat16_on_vllm_kernels_is_as_close_as_keras_hubs_own(preset):
     tolerance: each prompt token's served logprob is within three times
     that departure of the float32 forward's. (Measured: 0.375 against
     0.187, 2.0x, with the tiny preset's decays drawn over the reference
-    range; a broken kernel departs by whole logprobs.)
+    range.)
     """
     prompts = [PROMPTS[2], LONG_PROMPT]
     with in_process_llm(f"keras_hub:{preset}", dtype="bfloat16", max_model_len=512) as llm:

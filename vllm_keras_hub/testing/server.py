@@ -186,6 +186,58 @@ def serve_command(*args):
     return [console_script(), "serve", *args]
 
 
+def greedy_ids(base_url, model, prompts, max_tokens, concurrent=False):
+    """Each prompt's greedy completion from the server, with the official client.
+
+    Args:
+        base_url: The server's URL.
+        model: The served model name.
+        prompts: Prompt strings.
+        max_tokens: The tokens each completion generates.
+        concurrent: Send all at once (so a data-parallel server's load
+            balancer spreads them), not one after another.
+
+    Returns:
+        `(prompt ids, generated ids)` per prompt, in order.
+    """
+    import concurrent.futures
+
+    import openai
+
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+
+    def complete(prompt):
+        choice = client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        ).choices[0]
+        return choice.prompt_token_ids, choice.token_ids
+
+    if not concurrent:
+        return [complete(prompt) for prompt in prompts]
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(complete, prompts))
+
+
+def requests_per_engine(base_url):
+    """Finished requests by data-parallel engine index, from `/metrics`."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base_url}/metrics") as response:
+        metrics = response.read().decode()
+    served = {}
+    for line in metrics.splitlines():
+        match = re.match(r'vllm:request_success_total\{.*engine="(\d+)".*\} (\S+)', line)
+        if match:
+            engine = int(match[1])
+            served[engine] = served.get(engine, 0) + float(match[2])
+    return served
+
+
 def assert_served_greedy(base_url, model, prompts, expected, max_tokens):
     """Each prompt's greedy completion from the server has the oracle's ids.
 
@@ -196,16 +248,7 @@ def assert_served_greedy(base_url, model, prompts, expected, max_tokens):
         expected: `keras_hub_greedy(...)` for `prompts`.
         max_tokens: The tokens each completion generates.
     """
-    import openai
-
-    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-    for prompt, (prompt_ids, generated_ids) in zip(prompts, expected, strict=True):
-        choice = client.completions.create(
-            model=model,
-            prompt=prompt,
-            max_tokens=max_tokens,
-            temperature=0,
-            extra_body={"ignore_eos": True, "return_token_ids": True},
-        ).choices[0]
-        assert choice.prompt_token_ids == prompt_ids, prompt
-        assert choice.token_ids == generated_ids, prompt
+    served = greedy_ids(base_url, model, prompts, max_tokens)
+    for prompt, got, (prompt_ids, generated_ids) in zip(prompts, served, expected, strict=True):
+        assert got[0] == prompt_ids, prompt
+        assert got[1] == generated_ids, prompt
