@@ -7,7 +7,8 @@ target's own. A KerasHub preset drafts as `keras_hub:<preset>`: `settle`
 writes its model folder and points the speculative config at it, and vLLM
 builds our model class for it under the `draft_model` prefix. `eagle3`
 runs a published EAGLE-3 head on the target's aux hidden states
-(`layers/eagle3.py`).
+(`layers/eagle3.py`). `mtp` runs a Gemma4 assistant preset for a Gemma4
+target (`models/gemma4_mtp.py`).
 
 What vLLM 0.32 does that decides the rest:
 - Drafters load with the target's load config (`get_draft_load_config`;
@@ -25,8 +26,10 @@ What vLLM 0.32 does that decides the rest:
   does not run at all. `check_draft_attention` says so at load.
 - An EAGLE-3 head without its own `lm_head` would share the target's vLLM
   `ParallelLMHead` (`_maybe_share_lm_head`), which a KerasHub target has
-  only under tensor parallelism; EAGLE(-1) heads ship none, and MTP
-  drafters read the target's layers by vLLM's module names.
+  only under tensor parallelism; EAGLE(-1) heads ship none.
+- vLLM picks its Gemma4 MTP proposer by the draft config's model type
+  (`use_gemma4_mtp`), and MTP drafters of other families read the target's
+  layers by vLLM's module names.
 """
 
 import json
@@ -38,13 +41,16 @@ from vllm_keras_hub.export.preset_folder import strip_prefix
 DRAFT_PREFIX = "draft_model"
 # Methods a KerasHub target is served with: drafters that need nothing of
 # the target but its tokens (and, for `custom_class`, whatever the user's
-# class reads, which is theirs to check), and EAGLE-3 heads, which read its
-# aux hidden states and token embedding (`layers/eagle3.py`).
+# class reads, which is theirs to check), EAGLE-3 heads, which read its
+# aux hidden states and token embedding (`layers/eagle3.py`), and Gemma4
+# assistants (`mtp`).
 SERVED_METHODS = (
-    "draft_model", "eagle3", "ngram", "ngram_gpu", "suffix", "custom_class"
+    "draft_model", "eagle3", "mtp", "ngram", "ngram_gpu", "suffix", "custom_class"
 )  # fmt: skip
 # Methods that run a drafter model in the target's worker.
-_MODEL_METHODS = ("draft_model", "eagle3")
+_MODEL_METHODS = ("draft_model", "eagle3", "mtp")
+# The backbone whose assistants draft as `mtp`.
+_MTP_BACKBONE = "Gemma4Backbone"
 _NGRAM_MODELS = ("ngram", "[ngram]")
 
 
@@ -81,7 +87,12 @@ def method_of(speculative_config):
 
 
 def check(
-    speculative_config, pipeline=None, images=False, lora_weights=None, backbone=None
+    speculative_config,
+    pipeline=None,
+    images=False,
+    lora_weights=None,
+    backbone=None,
+    tensor=None,
 ):
     """Raises for speculative settings a KerasHub target is not served with.
 
@@ -91,16 +102,18 @@ def check(
         images: Whether the target serves images.
         lora_weights: The adapter merged into the target at load, if any.
         backbone: The target's backbone class name, if known.
+        tensor: The tensor-parallel size, if set.
     """
     if speculative_config is None:
         return
     method = method_of(speculative_config)
+    if method == "mtp":
+        _check_mtp(speculative_config, backbone, tensor, lora_weights)
     if method not in SERVED_METHODS:
         raise UnsupportedSpeculativeConfigError(
             f"Speculative method {method!r} is not served for KerasHub "
-            "targets: EAGLE(-1) heads share the target's output head and MTP "
-            "drafters read its layers by vLLM's module names, neither of "
-            "which a KerasHub target has. Served methods: "
+            "targets: EAGLE(-1) heads share the target's output head, which "
+            "a KerasHub target does not have as a vLLM layer. Served methods: "
             f"{', '.join(SERVED_METHODS)}; for `draft_model`, a KerasHub "
             "preset of the same vocabulary as 'keras_hub:<preset>'."
         )
@@ -150,6 +163,35 @@ def check(
         )
 
 
+def _check_mtp(speculative_config, backbone, tensor, lora_weights):
+    if backbone is not None and backbone != _MTP_BACKBONE:
+        raise UnsupportedSpeculativeConfigError(
+            "Method 'mtp' is served for Gemma4 targets, drafted by a Gemma4 "
+            f"assistant preset; this target is a {backbone}. Other families' "
+            "MTP drafters read the target's layers by vLLM's module names, "
+            "which a KerasHub target does not have."
+        )
+    if not _keras_hub_draft(speculative_config):
+        raise UnsupportedSpeculativeConfigError(
+            "Method 'mtp' for a KerasHub Gemma4 target takes a KerasHub "
+            "Gemma4 assistant preset as its model, e.g. "
+            '{"method": "mtp", "model": "keras_hub:gemma4_instruct_2b_assistant"}.'
+        )
+    if (tensor or 1) > 1:
+        raise UnsupportedSpeculativeConfigError(
+            f"A Gemma4 assistant does not draft under tensor parallelism yet "
+            f"(tensor_parallel_size={tensor}): its layers would need the "
+            "rank's query heads of the target's cache, and they are not "
+            "sharded."
+        )
+    if lora_weights:
+        raise UnsupportedSpeculativeConfigError(
+            "A Gemma4 assistant cannot draft for a target with a merged "
+            f"adapter (lora_weights={lora_weights!r}): vLLM 0.32 loads the "
+            "drafter with the target's load config, adapter included."
+        )
+
+
 def _keras_hub_draft(speculative_config):
     if isinstance(speculative_config, dict):
         model = speculative_config.get("model")
@@ -194,6 +236,22 @@ def _is_keras_hub_folder(path):
         return False
     with open(config) as f:
         return "keras_hub_preset" in json.load(f)
+
+
+def _check_drafter_kind(draft, preset, method):
+    """Raises where the preset's kind does not fit the method."""
+    if method == "mtp" and draft.drafter is None:
+        raise UnsupportedSpeculativeConfigError(
+            f"Method 'mtp' needs a Gemma4 assistant preset (a "
+            f"`Gemma4AssistantCausalLM`), and {preset!r} is not one: draft "
+            "with it as method 'draft_model'."
+        )
+    if method != "mtp" and draft.drafter is not None:
+        raise UnsupportedSpeculativeConfigError(
+            f"{preset!r} is a Gemma4 assistant: it drafts from the target's "
+            "hidden states and cache, as method 'mtp', not as a "
+            f"{method!r} drafter."
+        )
 
 
 def _check_draft_folder(draft, preset):
@@ -255,25 +313,33 @@ def settle(target, values):
 
     spec = values.get("speculative_config")
     lora_weights = (values.get("model_loader_extra_config") or {}).get("lora_weights")
+    if target.drafter is not None:
+        raise UnsupportedSpeculativeConfigError(
+            f"{target.preset!r} is a Gemma4 assistant, which only drafts for "
+            "a Gemma4 target: serve the target with --speculative-config "
+            f'\'{{"method": "mtp", "model": "keras_hub:{target.preset}"}}\'.'
+        )
     check(
         spec,
         values.get("pipeline_parallel_size"),
         bool(target.images),
         lora_weights,
         target.family.backbone,
+        values.get("tensor_parallel_size"),
     )
     if spec is None:
         return {}, None
     method = method_of(spec)
     if method == "eagle3":
         _check_eagle3_head(spec.get("model"))
-    if method != "draft_model":
+    if method not in ("draft_model", "mtp"):
         return {}, None
     preset = strip_prefix(spec.get("model"))
     if preset is None:  # A Hugging Face draft, loaded by vLLM's own loader.
         return {}, None
     draft = ModelFolder(preset, max_model_len=values.get("max_model_len"))
     try:
+        _check_drafter_kind(draft, preset, method)
         _check_draft_folder(draft, preset)
         if not spec.get("use_heterogeneous_vocab"):
             _check_same_vocabulary(target.preset, draft.preset)

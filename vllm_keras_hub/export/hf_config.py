@@ -56,6 +56,11 @@ class KerasHubConfig(PretrainedConfig):
         num_key_value_heads: Key/value heads.
         head_dim: Per-head size.
         max_position_embeddings: The longest sequence the preset supports.
+        keras_hub_drafter: The Hugging Face model type of a drafter preset
+            (`"gemma4_assistant"`), which vLLM reads to pick its proposer
+            (`SpeculativeConfig.hf_config_override`), or `None`.
+        backbone_hidden_size: A drafter's target hidden size, which it is
+            fed (vLLM sizes the hidden states it hands drafters from it).
     """
 
     model_type = MODEL_TYPE
@@ -71,6 +76,8 @@ class KerasHubConfig(PretrainedConfig):
         num_key_value_heads=None,
         head_dim=None,
         max_position_embeddings=8192,
+        keras_hub_drafter=None,
+        backbone_hidden_size=None,
         **kwargs,
     ):
         self.keras_hub_preset = keras_hub_preset
@@ -82,7 +89,13 @@ class KerasHubConfig(PretrainedConfig):
         self.num_key_value_heads = num_key_value_heads or num_attention_heads
         self.head_dim = head_dim or hidden_size // num_attention_heads
         self.max_position_embeddings = max_position_embeddings
+        self.keras_hub_drafter = keras_hub_drafter
         super().__init__(**kwargs)
+        if keras_hub_drafter is not None:
+            # The instance's type only: `config.json` keeps ours, which
+            # transformers maps back to this class.
+            self.model_type = keras_hub_drafter
+            self.backbone_hidden_size = backbone_hidden_size
 
 
 # What a Gated DeltaNet layer's state takes, as Qwen3.5's backbone config

@@ -122,6 +122,9 @@ class ModelFolder:
         # (`export/chat_templates.py`), else `None`.
         self.tool_parser = config.get("keras_hub_tool_parser")
         self.reasoning_parser = config.get("keras_hub_reasoning_parser")
+        # A drafter preset's Hugging Face model type (`export/drafter.py`),
+        # else `None`: it only proposes tokens for a target.
+        self.drafter = config.get("keras_hub_drafter")
         # The longest context it is exported for.
         self.max_model_len = config.get("max_position_embeddings")
 

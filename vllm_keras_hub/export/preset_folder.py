@@ -15,6 +15,7 @@ import os
 
 from vllm_keras_hub.export import audio_format
 from vllm_keras_hub.export import chat_templates
+from vllm_keras_hub.export import drafter as drafter_lib
 from vllm_keras_hub.export import embedder as embedder_lib
 from vllm_keras_hub.export import hf_config as config_lib
 from vllm_keras_hub.export import image_format as image_config
@@ -286,6 +287,7 @@ def write_model_folder(preset, directory, max_model_len=None):
                 preset, family.backbone, backbone_config, tokenizer, bool(images)
             ),
             **video_format.video_fields(preset, family.backbone, tokenizer, bool(images)),
+            **drafter_lib.drafter_fields(preset),
         },
     )
     model_config.save_pretrained(directory)

@@ -178,7 +178,7 @@ def attention_indices(transformer_layers):
     ]
 
 
-def install(backbone, family):
+def install(backbone, family, kv_sharing_targets=None):
     """Gives `backbone`'s attention layers a vLLM route, where ours is needed.
 
     Args:
@@ -186,6 +186,9 @@ def install(backbone, family):
         family: Its `families.Family`; `family.route` says whose route it
             uses: `"keras_hub"` (keras-hub's own, nothing to install) or
             `"vllm_keras_hub"` (ours).
+        kv_sharing_targets: Per layer, what it reads the K/V of instead of
+            computing its own (`None`: its own), over the route's: a
+            drafter's layers read another model's cache.
     """
     if family.route == "keras_hub":
         return
@@ -195,9 +198,10 @@ def install(backbone, family):
     layers = [_attention_layer(block) for block in blocks]
     targets = [None] * len(layers)
     first = next(layer for layer in layers if layer is not None)
-    kv_sharing_targets = ROUTES[type(first).__name__].kv_sharing_targets
     if kv_sharing_targets is not None:
-        targets = kv_sharing_targets(backbone)
+        targets = list(kv_sharing_targets)
+    elif ROUTES[type(first).__name__].kv_sharing_targets is not None:
+        targets = ROUTES[type(first).__name__].kv_sharing_targets(backbone)
     for transformer_layer, layer, target in zip(blocks, layers, targets, strict=True):
         if layer is None:
             continue
@@ -215,7 +219,7 @@ def install(backbone, family):
         layer.call = types.MethodType(_routed_call, layer)
 
 
-def build(specs, prefix, cache_config, indices, encoder_only=False):
+def build(specs, prefix, cache_config, indices, encoder_only=False, target_names=None):
     """One vLLM `Attention` per attending transformer layer, from the probe's specs.
 
     Call inside `set_current_vllm_config`: each registers itself with the
@@ -230,6 +234,8 @@ def build(specs, prefix, cache_config, indices, encoder_only=False):
         indices: The backbone's index of each spec's layer.
         encoder_only: Whether every token attends to its whole sequence
             (vLLM's `EncoderOnlyAttention`, which keeps no KV cache).
+        target_names: Per spec, the vLLM name of the layer whose cache it
+            reads, over `{prefix}{spec.kv_sharing_target}`: another model's.
 
     Raises:
         ValueError: a head size the platform's attention kernel cannot run
@@ -243,8 +249,12 @@ def build(specs, prefix, cache_config, indices, encoder_only=False):
 
     kind = EncoderOnlyAttention if encoder_only else Attention
     layers = []
-    for index, spec in zip(indices, specs, strict=True):
-        target = spec.kv_sharing_target
+    if target_names is None:
+        target_names = [
+            None if spec.kv_sharing_target is None else f"{prefix}{spec.kv_sharing_target}"
+            for spec in specs
+        ]
+    for index, spec, target_name in zip(indices, specs, target_names, strict=True):
         layer = kind(
             spec.num_heads,
             spec.head_size,
@@ -255,9 +265,7 @@ def build(specs, prefix, cache_config, indices, encoder_only=False):
             per_layer_sliding_window=spec.sliding_window,
             alibi_slopes=None if spec.alibi_slopes is None else list(spec.alibi_slopes),
             prefix=f"{prefix}{index}",
-            kv_sharing_target_layer_name=(
-                None if target is None else f"{prefix}{target}"
-            ),
+            kv_sharing_target_layer_name=target_name,
             # Only where used: not every backend's impl takes `sinks`.
             **(
                 {}

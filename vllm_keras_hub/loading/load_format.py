@@ -87,6 +87,26 @@ class KerasHubModelLoader(BaseModelLoader):
         )
         return get_model_loader(native).load_model(vllm_config, model_config, prefix)
 
+    def create_model(self, vllm_config, model_config, prefix=""):
+        """Our drafter class for a drafter preset; else vLLM's choice.
+
+        vLLM names a Gemma4 assistant's class by its architecture,
+        `Gemma4MTPModel` (`SpeculativeConfig.hf_config_override`), which is
+        its own model of Hugging Face weights.
+        """
+        if getattr(model_config.hf_config, "keras_hub_drafter", None) is None:
+            return super().create_model(vllm_config, model_config, prefix)
+        from vllm.model_executor.model_loader.utils import initialize_model
+
+        from vllm_keras_hub.models.gemma4_mtp import KerasHubGemma4MTP
+
+        return initialize_model(
+            vllm_config,
+            prefix=prefix,
+            model_class=KerasHubGemma4MTP,
+            model_config=model_config,
+        )
+
     def download_model(self, model_config):
         """Fetches the preset files into KerasHub's cache ahead of loading."""
         from keras_hub.src.utils.preset_utils import CONFIG_FILE
