@@ -158,6 +158,8 @@ EXTENDED = (
     "tests/model_test.py::test_multimodal_presets_serve_text_as_generate[qwen3_5]",
     "tests/plugin_test.py::test_plain_vllm_serves_a_hugging_face_model[jax]",
     "tests/preemption_test.py::*[gemma4]",
+    # The MTP drafter runs eager in both; compiled, the target is compiled.
+    "tests/mtp_test.py::*[compiled]",
     "vllm_keras_hub/lora/merged_test.py::test_serve_merges_the_adapter_and_answers_the_openai_client",
 )
 

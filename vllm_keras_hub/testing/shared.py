@@ -66,6 +66,15 @@ class Shared:
             ),
         )
 
+    def gemma4_assistant(self):
+        """A tiny Gemma4 assistant of the tiny Gemma4 preset (`mtp.py`)."""
+        from vllm_keras_hub.testing.mtp import build_tiny_assistant
+
+        target = self.preset("gemma4")
+        return self._made_once(
+            "presets/gemma4-assistant", lambda path: build_tiny_assistant(target, path)
+        )
+
     def embedder(self, name):
         """The tiny text embedder preset `name` (`testing/embedders.py`)."""
         from vllm_keras_hub.testing.embedders import build_tiny_embedder

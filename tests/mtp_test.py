@@ -1,0 +1,153 @@
+"""Gemma4 assistant presets as MTP drafters (vLLM's `mtp` method).
+
+Greedy output with any drafter must be the target's own `generate()`
+tokens. What the assistant drafts is checked draft by draft: every row the
+engine's proposer returns equals the preset's own
+`Gemma4AssistantCausalLM.call_with_cache` drafts, fed as vLLM feeds a
+drafter (`testing/mtp.py`). The tiny assistant is random, so almost none of
+its drafts is accepted; the rows, not the acceptance, are the oracle.
+"""
+
+import keras_hub
+import pytest
+from vllm import SamplingParams
+from vllm.inputs import TokensPrompt
+
+from tests.model_test import ENGINE
+from tests.model_test import PROMPTS
+from tests.model_test import expected_tokens
+from tests.speculative_test import GREEDY
+from tests.speculative_test import acceptance
+from tests.speculative_test import assert_oracle_tokens
+from vllm_keras_hub.entrypoints.llm import KerasHubLLM
+from vllm_keras_hub.speculative import UnsupportedSpeculativeConfigError
+from vllm_keras_hub.testing import mtp
+from vllm_keras_hub.testing.engines import in_process_llm
+from vllm_keras_hub.testing.presets import WINDOW
+
+DRAFT_TOKENS = 3
+# Token prompts drafted for one at a time: one inside the sliding window,
+# and one past it (prefilled in two chunks) twice, the second time from the
+# prefix cache.
+LONG = [2] + [(7 * i) % 500 + 3 for i in range(40)]
+ONE_AT_A_TIME = ([2, 17, 45, 99, 312], LONG, LONG)
+DECODE = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def assistant(shared):
+    return shared.gemma4_assistant()
+
+
+def drafting(assistant, **settings):
+    return dict(
+        speculative_config={
+            "method": "mtp",
+            "model": f"keras_hub:{assistant}",
+            "num_speculative_tokens": DRAFT_TOKENS,
+        },
+        disable_log_stats=False,
+        **settings,
+    )
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_the_assistant_drafts_as_its_preset_and_changes_no_token(
+    shared, assistant, compiled
+):
+    """A mixed batch, long prompts prefilled in chunks beside drafted
+    decodes, prefix caching on: `generate()`'s tokens. Then prompts one at
+    a time, one past the sliding window and once from the prefix cache:
+    each draft is the preset's own."""
+    target_preset = shared.preset("gemma4")
+    assert len(LONG) > max(WINDOW, ENGINE["max_num_batched_tokens"])
+    settings = drafting(assistant, **{**ENGINE, "enforce_eager": not compiled})
+    recorded = []
+    with in_process_llm(f"keras_hub:{target_preset}", **settings) as llm:
+        runner = llm.llm_engine.engine_core.engine_core.model_executor
+        drafter = runner.driver_worker.worker.model_runner.drafter
+        assert type(drafter).__name__ == "Gemma4Proposer"
+        assert type(drafter.model).__name__ == "KerasHubGemma4MTP"
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        batch_drafted, _ = acceptance(llm)
+        for prompt in ONE_AT_A_TIME:
+            with mtp.recorded_drafts(llm) as calls:
+                (output,) = llm.generate(
+                    [TokensPrompt(prompt_token_ids=prompt)], DECODE, use_tqdm=False
+                )
+            recorded.append((prompt, list(output.outputs[0].token_ids), calls))
+    assert_oracle_tokens(outputs, expected_tokens(shared, "gemma4"))
+    assert batch_drafted > 0
+
+    target = keras_hub.models.Gemma4CausalLM.from_preset(target_preset, preprocessor=None)
+    drafter_preset = keras_hub.models.Gemma4AssistantCausalLM.from_preset(
+        assistant, preprocessor=None
+    )
+
+    def oracle(tokens):
+        return mtp.assistant_drafts(target, drafter_preset, tokens, DRAFT_TOKENS)
+
+    checked = 0
+    for prompt, generated, calls in recorded:
+        got, expected = mtp.expected_calls(
+            prompt + generated, len(prompt), calls, DRAFT_TOKENS, oracle
+        )
+        assert got == expected
+        checked += len(got)
+    print(f"\n{checked} draft steps of {DRAFT_TOKENS} tokens, each the preset's own")
+    assert checked >= 20
+
+
+def test_a_gemma4_assistant_is_refused_as_anything_else(shared, assistant):
+    """As a target, and as a `draft_model` drafter, each with the reason."""
+    with pytest.raises(UnsupportedSpeculativeConfigError, match="only drafts for a Gemma4"):
+        KerasHubLLM(f"keras_hub:{assistant}")
+    spec = {"model": f"keras_hub:{assistant}", "num_speculative_tokens": 2}
+    with pytest.raises(UnsupportedSpeculativeConfigError, match="as method 'mtp'"):
+        KerasHubLLM(f"keras_hub:{shared.preset('gemma4')}", speculative_config=spec)
+
+
+# Refused before an engine starts, with the reason.
+def _refusals(shared, assistant):
+    spec = drafting(assistant)["speculative_config"]
+    return {
+        "another family's target": (
+            shared.preset("llama"), dict(speculative_config=spec), "served for Gemma4 targets"
+        ),
+        "not an assistant": (
+            shared.preset("gemma4"),
+            dict(speculative_config={**spec, "model": f"keras_hub:{shared.preset('gemma4')}"}),
+            "needs a Gemma4 assistant preset",
+        ),
+        "no assistant": (
+            shared.preset("gemma4"),
+            dict(speculative_config={"method": "mtp", "num_speculative_tokens": 2}),
+            "takes a KerasHub Gemma4 assistant preset",
+        ),
+        "tensor parallel": (
+            shared.preset("gemma4"),
+            dict(speculative_config=spec, tensor_parallel_size=2),
+            "does not draft under tensor parallelism",
+        ),
+        "pipeline parallel": (
+            shared.preset("gemma4"),
+            dict(speculative_config=spec, pipeline_parallel_size=2),
+            "builds the drafter on the last stage only",
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "another family's target",
+        "not an assistant",
+        "no assistant",
+        "tensor parallel",
+        "pipeline parallel",
+    ],
+)
+def test_refused_at_start_up(case, shared, assistant):
+    target, settings, reason = _refusals(shared, assistant)[case]
+    with pytest.raises(UnsupportedSpeculativeConfigError, match=reason):
+        KerasHubLLM(f"keras_hub:{target}", **settings)
