@@ -4,8 +4,9 @@ Greedy output with any drafter must be the target's own `generate()`
 tokens. What the assistant drafts is checked draft by draft: every row the
 engine's proposer returns equals the preset's own
 `Gemma4AssistantCausalLM.call_with_cache` drafts, fed as vLLM feeds a
-drafter (`testing/mtp.py`). The tiny assistant is random, so almost none of
-its drafts is accepted; the rows, not the acceptance, are the oracle.
+drafter (`testing/mtp.py`), and vLLM's native `Gemma4MTP` drafts the same
+rows on the same weights. The tiny assistants are random, so almost none of
+their drafts is accepted; the rows, not the acceptance, are the oracle.
 """
 
 import keras_hub
@@ -20,10 +21,13 @@ from tests.speculative_test import GREEDY
 from tests.speculative_test import acceptance
 from tests.speculative_test import assert_oracle_tokens
 from vllm_keras_hub.entrypoints.llm import KerasHubLLM
+from vllm_keras_hub.export.preset_folder import write_model_folder
 from vllm_keras_hub.speculative import UnsupportedSpeculativeConfigError
+from vllm_keras_hub.testing import hf_gemma4
 from vllm_keras_hub.testing import mtp
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.presets import WINDOW
+from vllm_keras_hub.testing.tokenizers import make_tokenizer
 
 DRAFT_TOKENS = 3
 # Token prompts drafted for one at a time: one inside the sliding window,
@@ -96,6 +100,62 @@ def test_the_assistant_drafts_as_its_preset_and_changes_no_token(
         checked += len(got)
     print(f"\n{checked} draft steps of {DRAFT_TOKENS} tokens, each the preset's own")
     assert checked >= 20
+
+
+def _drafted_one_at_a_time(llm, prompts):
+    """Per prompt, its tokens and every `(chosen token, drafts)` row."""
+    rows = []
+    for prompt in prompts:
+        with mtp.recorded_drafts(llm) as calls:
+            (output,) = llm.generate(
+                [TokensPrompt(prompt_token_ids=prompt)], DECODE, use_tqdm=False
+            )
+        rows.append(
+            (list(output.outputs[0].token_ids), [(chosen, drafts) for chosen, _, drafts in calls])
+        )
+    return rows
+
+
+def test_vllm_natives_gemma4_mtp_drafts_the_same_rows(shared, tmp_path):
+    """Random transformers weights of a Gemma4 target and assistant: vLLM's
+    native `Gemma4ForCausalLM` and `Gemma4MTP` serve the folders, ours the
+    presets keras-hub's converters make of them. Every draft row, and every
+    token, is the same, chunked prefills included.
+
+    Native Gemma4 needs vLLM's CPU attention named: for heterogeneous head
+    sizes vLLM picks Triton's (`Gemma4Config.verify_and_update_config`),
+    which this CPU lacks. Its assistant runs without ordered embeddings:
+    with them, vLLM's proposer captures CUDA graphs at load
+    (`Gemma4Proposer._setup_centroids_cuda_graphs`), which fails on CPU."""
+    tokenizer = make_tokenizer("gemma4")
+    exported = str(tmp_path / "exported")
+    write_model_folder(shared.preset("gemma4"), exported)
+    hf_target, hf_assistant = hf_gemma4.save_hf_pair(
+        str(tmp_path / "hf"), exported, tokenizer.vocabulary_size()
+    )
+    target, assistant = hf_gemma4.keras_hub_pair(
+        hf_target, hf_assistant, str(tmp_path / "keras_hub"), tokenizer
+    )
+    spec = {"method": "mtp", "num_speculative_tokens": DRAFT_TOKENS}
+    settings = {**ENGINE, "enforce_eager": True}
+    with in_process_llm(
+        hf_target,
+        speculative_config={**spec, "model": hf_assistant},
+        attention_config={"backend": "CPU_ATTN"},
+        **settings,
+    ) as llm:
+        native = _drafted_one_at_a_time(llm, ONE_AT_A_TIME)
+    with in_process_llm(
+        f"keras_hub:{target}",
+        speculative_config={**spec, "model": f"keras_hub:{assistant}"},
+        **settings,
+    ) as llm:
+        ours = _drafted_one_at_a_time(llm, ONE_AT_A_TIME)
+    assert ours == native
+    drafts = {tuple(draft) for _, rows in ours for _, batch in rows for draft in batch}
+    tokens = {token for generated, _ in ours for token in generated}
+    print(f"\n{len(drafts)} distinct draft rows, {len(tokens)} distinct tokens")
+    assert len(drafts) >= 15 and len(tokens) >= 5
 
 
 def test_a_gemma4_assistant_is_refused_as_anything_else(shared, assistant):
