@@ -159,7 +159,9 @@ EXTENDED = (
     "tests/plugin_test.py::test_plain_vllm_serves_a_hugging_face_model[jax]",
     "tests/preemption_test.py::*[gemma4]",
     # The MTP drafter runs eager in both; compiled, the target is compiled.
+    # At 2 ranks it shards as the target's layers do.
     "tests/mtp_test.py::*[compiled]",
+    "tests/mtp_test.py::test_the_assistant_at_two_ranks_drafts_as_its_preset",
     "vllm_keras_hub/lora/merged_test.py::test_serve_merges_the_adapter_and_answers_the_openai_client",
 )
 

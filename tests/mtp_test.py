@@ -26,6 +26,7 @@ from vllm_keras_hub.speculative import UnsupportedSpeculativeConfigError
 from vllm_keras_hub.testing import hf_gemma4
 from vllm_keras_hub.testing import mtp
 from vllm_keras_hub.testing.engines import in_process_llm
+from vllm_keras_hub.testing.parallel import parallel_llm
 from vllm_keras_hub.testing.presets import WINDOW
 from vllm_keras_hub.testing.tokenizers import make_tokenizer
 
@@ -82,7 +83,11 @@ def test_the_assistant_drafts_as_its_preset_and_changes_no_token(
             recorded.append((prompt, list(output.outputs[0].token_ids), calls))
     assert_oracle_tokens(outputs, expected_tokens(shared, "gemma4"))
     assert batch_drafted > 0
+    assert_drafts_are_the_presets(target_preset, assistant, recorded)
 
+
+def assert_drafts_are_the_presets(target_preset, assistant, recorded):
+    """Each `(prompt, generated, calls)`'s draft rows are the preset's own."""
     target = keras_hub.models.Gemma4CausalLM.from_preset(target_preset, preprocessor=None)
     drafter_preset = keras_hub.models.Gemma4AssistantCausalLM.from_preset(
         assistant, preprocessor=None
@@ -100,6 +105,34 @@ def test_the_assistant_drafts_as_its_preset_and_changes_no_token(
         checked += len(got)
     print(f"\n{checked} draft steps of {DRAFT_TOKENS} tokens, each the preset's own")
     assert checked >= 20
+
+
+def test_the_assistant_at_two_ranks_drafts_as_its_preset(shared, assistant, monkeypatch):
+    """At 2 tensor-parallel ranks each rank holds its KV heads of the
+    target's cache, and the assistant's blocks the query heads that read
+    them: the batch gives `generate()`'s tokens, and both ranks' draft
+    rows, prompt by prompt, are the preset's own."""
+    # One core per rank, as `parallel_test.py` binds them.
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    target_preset = shared.preset("gemma4")
+    settings = drafting(assistant, **{**ENGINE, "enforce_eager": True})
+    recorded = []
+    with parallel_llm(f"keras_hub:{target_preset}", tensor_parallel_size=2, **settings) as llm:
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        heads = dict(llm.collective_rpc(mtp.drafter_heads))
+        llm.collective_rpc(mtp.start_recording)
+        for prompt in ONE_AT_A_TIME:
+            (output,) = llm.generate(
+                [TokensPrompt(prompt_token_ids=prompt)], DECODE, use_tqdm=False
+            )
+            calls = dict(llm.collective_rpc(mtp.recorded_calls))
+            assert calls[0] == calls[1]
+            recorded.append((prompt, list(output.outputs[0].token_ids), calls[0]))
+    assert_oracle_tokens(outputs, expected_tokens(shared, "gemma4"))
+    # Half of the 4 query heads on each rank; the sliding layer's 2 KV
+    # heads split, the full layer's one replicated.
+    assert heads == {0: [(2, 1), (2, 1)], 1: [(2, 1), (2, 1)]}
+    assert_drafts_are_the_presets(target_preset, assistant, recorded)
 
 
 def _drafted_one_at_a_time(llm, prompts):
@@ -184,11 +217,6 @@ def _refusals(shared, assistant):
             dict(speculative_config={"method": "mtp", "num_speculative_tokens": 2}),
             "takes a KerasHub Gemma4 assistant preset",
         ),
-        "tensor parallel": (
-            shared.preset("gemma4"),
-            dict(speculative_config=spec, tensor_parallel_size=2),
-            "does not draft under tensor parallelism",
-        ),
         "pipeline parallel": (
             shared.preset("gemma4"),
             dict(speculative_config=spec, pipeline_parallel_size=2),
@@ -203,7 +231,6 @@ def _refusals(shared, assistant):
         "another family's target",
         "not an assistant",
         "no assistant",
-        "tensor parallel",
         "pipeline parallel",
     ],
 )

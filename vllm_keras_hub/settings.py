@@ -243,7 +243,6 @@ def check(family, image, values):
         pipeline,
         bool(image),
         backbone=family.backbone,
-        tensor=tensor,
     )
     if image:
         check_embedding_inputs(values.get("enable_mm_embeds"))

@@ -92,7 +92,6 @@ def check(
     images=False,
     lora_weights=None,
     backbone=None,
-    tensor=None,
 ):
     """Raises for speculative settings a KerasHub target is not served with.
 
@@ -102,13 +101,12 @@ def check(
         images: Whether the target serves images.
         lora_weights: The adapter merged into the target at load, if any.
         backbone: The target's backbone class name, if known.
-        tensor: The tensor-parallel size, if set.
     """
     if speculative_config is None:
         return
     method = method_of(speculative_config)
     if method == "mtp":
-        _check_mtp(speculative_config, backbone, tensor, lora_weights)
+        _check_mtp(speculative_config, backbone, lora_weights)
     if method not in SERVED_METHODS:
         raise UnsupportedSpeculativeConfigError(
             f"Speculative method {method!r} is not served for KerasHub "
@@ -163,7 +161,7 @@ def check(
         )
 
 
-def _check_mtp(speculative_config, backbone, tensor, lora_weights):
+def _check_mtp(speculative_config, backbone, lora_weights):
     if backbone is not None and backbone != _MTP_BACKBONE:
         raise UnsupportedSpeculativeConfigError(
             "Method 'mtp' is served for Gemma4 targets, drafted by a Gemma4 "
@@ -176,13 +174,6 @@ def _check_mtp(speculative_config, backbone, tensor, lora_weights):
             "Method 'mtp' for a KerasHub Gemma4 target takes a KerasHub "
             "Gemma4 assistant preset as its model, e.g. "
             '{"method": "mtp", "model": "keras_hub:gemma4_instruct_2b_assistant"}.'
-        )
-    if (tensor or 1) > 1:
-        raise UnsupportedSpeculativeConfigError(
-            f"A Gemma4 assistant does not draft under tensor parallelism yet "
-            f"(tensor_parallel_size={tensor}): its layers would need the "
-            "rank's query heads of the target's cache, and they are not "
-            "sharded."
         )
     if lora_weights:
         raise UnsupportedSpeculativeConfigError(
@@ -325,7 +316,6 @@ def settle(target, values):
         bool(target.images),
         lora_weights,
         target.family.backbone,
-        values.get("tensor_parallel_size"),
     )
     if spec is None:
         return {}, None

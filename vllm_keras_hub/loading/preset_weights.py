@@ -323,6 +323,25 @@ def _not_loaded(path, *args, **kwargs):
     raise RuntimeError(f"{path} was read before the preset's value was loaded.")
 
 
+class LoadedWeights:
+    """`PresetWeights`' reads over a model already loaded whole.
+
+    For a small model every rank loads whole (a drafter), so the sharding
+    code that reads, keeps and releases through `PresetWeights` cuts its
+    matmuls the same way.
+    """
+
+    def read(self, variable):
+        return variable.value
+
+    def keep(self, variable, value):
+        variable.value.data = value
+
+    def release(self, variables):
+        for variable in variables:
+            variable.value.data = _empty(variable)
+
+
 def _empty(variable):
     from keras.src.backend.torch.core import to_torch_dtype
 

@@ -29,7 +29,15 @@ What vLLM's proposer reads of it, and why it is shaped so:
   centroid masking at load (`_setup_centroids_cuda_graphs`), which CPU torch
   cannot. The masking runs in `compute_logits` instead, eager, as KerasHub
   computes it.
+
+Under tensor parallelism a rank's cache holds its KV heads of the target,
+so each rank keeps the query heads that read them and its shard of the
+output projection and MLP (`parallel_linear.shard`, as the target's
+layers); the projections, norms and output embedding are small and stay
+whole, so every rank drafts the same tokens.
 """
+
+import contextlib
 
 from vllm_keras_hub.backend import require_torch_backend
 
@@ -45,8 +53,10 @@ from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
 from vllm_keras_hub.layers import attention as attention_layers
 from vllm_keras_hub.layers import eagle3
+from vllm_keras_hub.layers import parallel_linear
 from vllm_keras_hub.layers import step
 from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
+from vllm_keras_hub.loading.preset_weights import LoadedWeights
 from vllm_keras_hub.models import families
 from vllm_keras_hub.models import pipeline
 from vllm_keras_hub.models import probe
@@ -91,6 +101,8 @@ class KerasHubGemma4MTP(nn.Module):
         # As vLLM's `Gemma4MTP` names its layers (the proposer gives none).
         self.prefix = f"{maybe_prefix(prefix, DRAFT_PREFIX)}."
         self.attention = nn.ModuleList()
+        # vLLM's parallel linears holding this rank's shards (TP only).
+        self.parallel_linears = nn.ModuleList()
         self.model = None
         self._task = None
         self._embed_scale = float(hf_config.backbone_hidden_size) ** 0.5
@@ -127,6 +139,8 @@ class KerasHubGemma4MTP(nn.Module):
         use_direct_calls(backbone)
         use_rotary_tables(backbone, model_config.max_model_len)
         substitute_keras_helpers()
+        with self._vllm_scope():
+            self.parallel_linears = nn.ModuleList(self._shards(stage))
         routes = probe.run(stage)
         probe.check_attention_routes(routes, stage.layers, self._name)
         targets = _target_names(
@@ -135,9 +149,7 @@ class KerasHubGemma4MTP(nn.Module):
             routes.specs,
             self._name,
         )
-        with set_current_vllm_config(self.vllm_config), torch.device(
-            self.vllm_config.device_config.device
-        ):
+        with self._vllm_scope():
             self.attention = nn.ModuleList(
                 attention_layers.build(
                     routes.specs,
@@ -150,6 +162,29 @@ class KerasHubGemma4MTP(nn.Module):
         self._task = task
         self._dtype = model_config.dtype
         self.model = DrafterInputs(eagle3.SharedEmbedding(backbone))
+
+    def _vllm_scope(self):
+        """Where vLLM layers are built: this engine's config and device."""
+        scope = contextlib.ExitStack()
+        scope.enter_context(set_current_vllm_config(self.vllm_config))
+        scope.enter_context(torch.device(self.vllm_config.device_config.device))
+        return scope
+
+    def _shards(self, stage):
+        """This rank's shards of the blocks' matmuls; none at one rank."""
+        from vllm.distributed import get_tensor_model_parallel_rank
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        ranks = get_tensor_model_parallel_world_size()
+        if ranks == 1:
+            return []
+        return parallel_linear.shard(
+            stage.layers,
+            get_tensor_model_parallel_rank(),
+            ranks,
+            f"{self.prefix}parallel_linears.",
+            LoadedWeights(),
+        )
 
     def embed_input_ids(self, input_ids):
         """The target's token embedding, scaled as the target scales it."""

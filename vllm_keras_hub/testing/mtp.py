@@ -123,17 +123,8 @@ def assistant_drafts(target, assistant, tokens, k):
     return drafts
 
 
-@contextlib.contextmanager
-def recorded_drafts(llm):
-    """Records each row of drafts the engine's proposer returns.
-
-    An observer on an `in_process_llm` engine's drafter: the proposer and
-    the model run as they would, and each call's chosen tokens, the
-    requests' lengths in the target's cache and the `(batch, k)` drafts are
-    appended to the yielded list.
-    """
-    executor = llm.llm_engine.engine_core.engine_core.model_executor
-    drafter = executor.driver_worker.worker.model_runner.drafter
+def _record(drafter):
+    """Wraps `drafter.propose` to record its rows; returns `(calls, undo)`."""
     propose = drafter.propose
     signature = inspect.signature(propose)
     calls = []
@@ -151,10 +142,53 @@ def recorded_drafts(llm):
         return drafts
 
     drafter.propose = recording
+
+    def undo():
+        drafter.propose = propose
+
+    return calls, undo
+
+
+@contextlib.contextmanager
+def recorded_drafts(llm):
+    """Records each row of drafts the engine's proposer returns.
+
+    An observer on an `in_process_llm` engine's drafter: the proposer and
+    the model run as they would, and each call's chosen tokens, the
+    requests' lengths in the target's cache and the `(batch, k)` drafts are
+    appended to the yielded list.
+    """
+    executor = llm.llm_engine.engine_core.engine_core.model_executor
+    calls, undo = _record(executor.driver_worker.worker.model_runner.drafter)
     try:
         yield calls
     finally:
-        drafter.propose = propose
+        undo()
+
+
+def start_recording(worker):
+    """`recorded_drafts` on a spawned worker (run with `collective_rpc`)."""
+    drafter = worker.model_runner.drafter
+    drafter._keras_hub_calls, _ = _record(drafter)
+
+
+def recorded_calls(worker):
+    """`(tensor-parallel rank, calls)` since `start_recording`, emptied."""
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    calls = worker.model_runner.drafter._keras_hub_calls
+    taken = list(calls)
+    calls.clear()
+    return get_tensor_model_parallel_rank(), taken
+
+
+def drafter_heads(worker):
+    """`(rank, [(query heads, KV heads)] per drafter block)` on a worker."""
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    attention = worker.model_runner.drafter.model.attention
+    heads = [(layer.num_heads, layer.num_kv_heads) for layer in attention]
+    return get_tensor_model_parallel_rank(), heads
 
 
 def expected_calls(tokens, prompt_length, calls, k, oracle):
