@@ -158,8 +158,8 @@ EXTENDED = (
     "tests/model_test.py::test_multimodal_presets_serve_text_as_generate[qwen3_5]",
     "tests/plugin_test.py::test_plain_vllm_serves_a_hugging_face_model[jax]",
     "tests/preemption_test.py::*[gemma4]",
-    # The MTP drafter runs eager in both; compiled, the target is compiled.
-    # At 2 ranks it shards as the target's layers do.
+    # The MTP drafter compiled with its target (the eager case runs by
+    # default), and at 2 ranks, where it shards as the target's layers do.
     "tests/mtp_test.py::*[compiled]",
     "tests/mtp_test.py::test_the_assistant_at_two_ranks_drafts_as_its_preset",
     "vllm_keras_hub/lora/merged_test.py::test_serve_merges_the_adapter_and_answers_the_openai_client",

@@ -75,6 +75,8 @@ def test_the_assistant_drafts_as_its_preset_and_changes_no_token(
         assert type(drafter.model).__name__ == "KerasHubGemma4MTP"
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         batch_drafted, _ = acceptance(llm)
+        # The drafter runs compiled beside a compiled target, as vLLM's own.
+        assert getattr(drafter.model, "compiled", False) == compiled
         for prompt in ONE_AT_A_TIME:
             with mtp.recorded_drafts(llm) as calls:
                 (output,) = llm.generate(

@@ -27,8 +27,8 @@ What vLLM's proposer reads of it, and why it is shaped so:
   from the target's vLLM attention layers;
 - no `masked_embedding`: with one, the proposer captures CUDA graphs of the
   centroid masking at load (`_setup_centroids_cuda_graphs`), which CPU torch
-  cannot. The masking runs in `compute_logits` instead, eager, as KerasHub
-  computes it.
+  cannot. The masking runs in `compute_logits` instead, outside the
+  compiled graph, as KerasHub computes it.
 
 Under tensor parallelism a rank's cache holds its KV heads of the target,
 so each rank keeps the query heads that read them and its shard of the
@@ -46,6 +46,7 @@ require_torch_backend()
 import torch
 from keras_hub.src.vllm.context import vllm_context_scope
 from torch import nn
+from vllm.compilation.decorators import support_torch_compile
 from vllm.config import set_current_vllm_config
 from vllm.model_executor.models.utils import maybe_prefix
 
@@ -76,6 +77,15 @@ class DrafterInputs(nn.Module):
         self.embed_tokens = embed_tokens
 
 
+# Compiled with the target (unless enforce_eager), as vLLM's `Gemma4MTP` is.
+@support_torch_compile(
+    dynamic_arg_dims={
+        "input_ids": 0,
+        "positions": -1,
+        "hidden_states": 0,
+        "inputs_embeds": 0,
+    }
+)
 class KerasHubGemma4MTP(nn.Module):
     """A KerasHub Gemma4 assistant preset as vLLM's Gemma4 MTP drafter.
 

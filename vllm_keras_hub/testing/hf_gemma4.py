@@ -40,7 +40,6 @@ ASSISTANT = dict(
     layer_types=["sliding_attention", "full_attention"],
     per_layer_config={"01": {"head_dim": 128}},
 )
-GLOBAL_HEAD_DIM = 128
 # Embedding and layer-kernel factors over transformers' initialisation, so
 # the context decides the target's tokens (as the tiny presets scale theirs).
 EMBEDDING_SCALE = 3.0
@@ -58,7 +57,9 @@ def _scaled(model):
     return model
 
 
-def save_hf_pair(folder, tokenizer_folder, vocabulary_size, seed=0):
+def save_hf_pair(
+    folder, tokenizer_folder, vocabulary_size, seed=0, target=None, assistant=None
+):
     """Saves a random Gemma4 target and assistant under `folder`.
 
     Args:
@@ -67,6 +68,8 @@ def save_hf_pair(folder, tokenizer_folder, vocabulary_size, seed=0):
             `tokenizer_config.json` both get (vLLM's tokenizer).
         vocabulary_size: Of both models.
         seed: The weights' seed.
+        target: Config values over `TARGET` (a bigger shape).
+        assistant: Config values over `ASSISTANT`.
 
     Returns:
         `(target folder, assistant folder)`.
@@ -77,24 +80,28 @@ def save_hf_pair(folder, tokenizer_folder, vocabulary_size, seed=0):
     def text_config(**shape):
         return transformers.Gemma4TextConfig(vocab_size=vocabulary_size, **shape)
 
+    target_shape = {**TARGET, **(target or {})}
     torch.manual_seed(seed)
-    target = _scaled(
+    target_model = _scaled(
         transformers.Gemma4ForCausalLM(
-            text_config(vocab_size_per_layer_input=vocabulary_size, **TARGET)
+            text_config(vocab_size_per_layer_input=vocabulary_size, **target_shape)
         )
     )
     torch.manual_seed(seed + 1)
-    assistant = _scaled(
+    assistant_shape = {**ASSISTANT, **(assistant or {})}
+    assistant_model = _scaled(
         transformers.Gemma4AssistantForCausalLM(
             transformers.Gemma4AssistantConfig(
-                text_config=text_config(vocab_size_per_layer_input=0, **ASSISTANT).to_dict(),
-                backbone_hidden_size=TARGET["hidden_size"],
+                text_config=text_config(
+                    vocab_size_per_layer_input=0, **assistant_shape
+                ).to_dict(),
+                backbone_hidden_size=target_shape["hidden_size"],
                 use_ordered_embeddings=False,
             )
         )
     )
     paths = []
-    for name, model in (("target", target), ("assistant", assistant)):
+    for name, model in (("target", target_model), ("assistant", assistant_model)):
         path = os.path.join(folder, name)
         model.save_pretrained(path)
         for file in ("tokenizer.json", "tokenizer_config.json"):
@@ -108,7 +115,10 @@ def _keras_hub_view(hf_folder):
     shutil.copytree(hf_folder, view, dirs_exist_ok=True)
     with open(os.path.join(view, "config.json")) as f:
         config = json.load(f)
-    config.get("text_config", config)["global_head_dim"] = GLOBAL_HEAD_DIM
+    text = config.get("text_config", config)
+    text["global_head_dim"] = max(
+        layer["head_dim"] for layer in text["per_layer_config"].values()
+    )
     with open(os.path.join(view, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     return view
