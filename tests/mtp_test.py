@@ -26,9 +26,14 @@ from vllm_keras_hub.speculative import UnsupportedSpeculativeConfigError
 from vllm_keras_hub.testing import hf_gemma4
 from vllm_keras_hub.testing import mtp
 from vllm_keras_hub.testing.engines import in_process_llm
+from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
+from vllm_keras_hub.testing.images import assert_tokens
+from vllm_keras_hub.testing.images import batch_prompts
+from vllm_keras_hub.testing.images import request
 from vllm_keras_hub.testing.parallel import parallel_llm
 from vllm_keras_hub.testing.presets import WINDOW
 from vllm_keras_hub.testing.tokenizers import make_tokenizer
+from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
 
 DRAFT_TOKENS = 3
 # Token prompts drafted for one at a time: one inside the sliding window,
@@ -191,6 +196,32 @@ def test_vllm_natives_gemma4_mtp_drafts_the_same_rows(shared, tmp_path):
     tokens = {token for generated, _ in ours for token in generated}
     print(f"\n{len(drafts)} distinct draft rows, {len(tokens)} distinct tokens")
     assert len(drafts) >= 15 and len(tokens) >= 5
+
+
+def test_an_image_target_with_its_assistant_gives_generates_tokens(tmp_path):
+    """A Gemma4 vision preset drafted for by its assistant, a batch of
+    prompts with 0, 1 and 2 images, each image split over prefill steps,
+    most prompts ending two tokens after an image: `generate()`'s tokens.
+    The drafter takes no image embeddings (vLLM gives it the target's
+    embedding of the placeholder token there), which changes what it
+    drafts, never what the target chooses."""
+    preset = build_tiny_vision_preset(str(tmp_path / "target"), "gemma4", seed=2)
+    assistant = mtp.build_tiny_assistant(preset, str(tmp_path / "assistant"))
+    prompts = batch_prompts("<|image|>")
+    settings = drafting(
+        assistant,
+        max_model_len=1024,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=128,
+        enable_prefix_caching=True,
+        limit_mm_per_prompt={"image": 2},
+        block_size=32,
+    )
+    with in_process_llm(f"keras_hub:{preset}", **settings) as llm:
+        outputs = llm.generate([request(*p) for p in prompts], DECODE, use_tqdm=False)
+        drafted, _ = acceptance(llm)
+    assert_tokens(outputs, keras_hub_greedy_with_images(preset, prompts, DECODE.max_tokens))
+    assert drafted > 0
 
 
 def test_a_gemma4_assistant_is_refused_as_anything_else(shared, assistant):

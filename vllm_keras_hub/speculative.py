@@ -133,7 +133,9 @@ def check(
             "for a KerasHub image target. Serve the preset without it, or "
             "with method 'ngram'."
         )
-    if images:
+    # A Gemma4 assistant reads only the target's hidden states and cache,
+    # whatever a prompt's media (`tests/mtp_test.py`).
+    if images and method != "mtp":
         raise UnsupportedSpeculativeConfigError(
             f"Method {method!r} is not served with a target that serves images: "
             "a tiny Gemma3 vision preset drafted by its text preset gave other "

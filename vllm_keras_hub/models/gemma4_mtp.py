@@ -172,6 +172,14 @@ class KerasHubGemma4MTP(nn.Module):
         self._task = task
         self._dtype = model_config.dtype
         self.model = DrafterInputs(eagle3.SharedEmbedding(backbone))
+        target = self.vllm_config.model_config.hf_config
+        if getattr(target, "keras_hub_image", None) and not hasattr(
+            target, "image_token_index"
+        ):
+            # vLLM's proposer copies a multimodal target's `image_token_index`
+            # onto its drafter's config (`SpecDecodeBaseProposer.load_model`)
+            # for drafters that take image embeddings; this one takes none.
+            target.image_token_index = None
 
     def _vllm_scope(self):
         """Where vLLM layers are built: this engine's config and device."""
