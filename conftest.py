@@ -111,13 +111,31 @@ GROUPS = {
 EXTENDED = (
     # Load, faults and shutdown against a real server (10 min).
     "tests/reliability_test.py::*",
-    # Tensor parallelism beyond Llama3 (compiled), Gemma2 (soft caps, window),
-    # Bloom (ALiBi) and GPT-OSS (sinks, MoE); pipeline beyond Llama3 and
-    # Gemma3's vision preset; 2 stages of 2 ranks.
+    # Tensor parallelism beyond Llama3 (compiled), Gemma4 (KV sharing, the
+    # MLP its block multiplies), Gemma3n (sparsity statistics) and Qwen3.5
+    # (Gated DeltaNet); pipeline beyond Llama3 and Gemma4's KV sharing; 2
+    # stages of 2 ranks. The other families shard the layers these do.
     *(
         f"tests/parallel_test.py::test_tensor_parallel_greedy_parity[{f}]"
-        for f in ("gemma", "qwen3_moe", "mistral", "qwen3", "phi3", "falcon", "mixtral", "qwen_moe")
+        for f in (
+            "gemma", "qwen3_moe", "mistral", "qwen3", "phi3", "falcon", "mixtral",
+            "qwen_moe", "bloom", "gpt_oss", "smollm3", "gpt_neox", "gemma4_moe",
+            "gemma2", "gpt2", "qwen",
+        )
     ),
+    *(
+        f"tests/parallel_test.py::test_pipeline_parallel_greedy_parity[{f}]"
+        for f in ("gemma3-True", "gemma3-False", "gpt2-False", "gpt_neox-False", "smollm3-False")
+    ),
+    # Images at 2 ranks beyond Gemma4's tensor parallel case; a Qwen3.5
+    # pipeline's states, EAGLE-3 and draft models, adapters across stages,
+    # and two nodes on loopback.
+    "tests/parallel_test.py::test_tensor_parallel_images_match_generate[gemma3*]",
+    "tests/parallel_test.py::test_pipeline_parallel_images_match_generate[*]",
+    "tests/parallel_test.py::test_hybrid_pipeline_keeps_each_stages_state_on_its_rank",
+    "tests/parallel_test.py::test_an_eagle3_head_and_a_draft_model_at_two_ranks",
+    "tests/parallel_test.py::test_adapters_per_request_at_two_stages",
+    "tests/parallel_test.py::test_two_nodes_on_loopback_give_generates_tokens",
     # Gemma3's text layers also shard in its images case, and OPT's layout
     # (Keras MultiHeadAttention) is GPT-2's.
     "tests/parallel_test.py::test_tensor_parallel_greedy_parity[gemma3]",
@@ -134,9 +152,28 @@ EXTENDED = (
         for f in ("qwen", "gemma2", "bloom", "gpt_oss", "qwen3_moe")
     ),
     "tests/parallel_test.py::test_tensor_and_pipeline_parallel_together",
-    # vLLM native cross-checks beyond the dense families.
+    # vLLM native cross-checks beyond five dense families and two embedders.
     "tests/native_families_test.py::test_moe_families_*",
     "tests/native_families_test.py::test_qwen3_5_*",
+    "tests/native_families_test.py::test_same_greedy_tokens_as_vllm_native[qwen]",
+    "tests/native_families_test.py::test_same_greedy_tokens_as_vllm_native[gpt2]",
+    "tests/embeddings_native_test.py::*[bert]",
+    # Qwen3.5-MoE's greedy parity (Qwen3.5's hybrid layers and Qwen3-MoE's
+    # experts run by default), and Gemma3n's text-only serving.
+    "tests/model_test.py::test_greedy_parity[qwen3_5_moe]",
+    "tests/model_test.py::test_multimodal_presets_serve_text_as_generate[gemma3n]",
+    # Gemma4's adapters per request (Llama3's and Qwen3-MoE's run by default)
+    # and the converter cache's invalidation.
+    "vllm_keras_hub/lora/adapters_test.py::test_gemma4_serves_attention_adapters_and_refuses_its_mlps",
+    "vllm_keras_hub/lora/adapters_test.py::test_a_changed_converter_converts_again",
+    # Gemma4's bidirectional images beyond a mixed batch and prompt
+    # logprobs: clips, video frames, and the prefix cache.
+    "tests/vision_gemma4_bidirectional_test.py::test_video_frames_attend_within_themselves_as_the_full_forward",
+    "tests/vision_gemma4_bidirectional_test.py::test_the_same_image_again_is_served_from_the_prefix_cache",
+    "tests/vision_gemma4_bidirectional_test.py::test_clips_stay_causal_beside_bidirectional_images",
+    # KV transfer beyond Llama3 and images; PaliGemma through a server.
+    "tests/disaggregation_test.py::test_a_consumer_decodes_from_the_producers_kv[gemma4]",
+    "tests/pali_gemma_server_test.py::*",
     "tests/features_test.py::test_data_parallel_matches_one_engine",
     "tests/features_test.py::test_ngram_speculative_decoding",
     "vllm_keras_hub/smollm2_test.py::test_hf_export_matches_keras_hub",
