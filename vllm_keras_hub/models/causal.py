@@ -20,8 +20,6 @@ Dense/EinsumDense matmuls run on the weights prepacked for vLLM's CPU GEMM,
 as vLLM's own linear layers do (`layers/linear.py`).
 """
 
-import contextlib
-
 from vllm_keras_hub.backend import require_torch_backend
 
 # Before anything below imports Keras: a clear error for another backend.
@@ -31,7 +29,6 @@ import torch
 from keras_hub.src.vllm.context import vllm_context_scope
 from torch import nn
 from vllm.compilation.decorators import support_torch_compile
-from vllm.config import set_current_vllm_config
 from vllm.logger import init_logger
 from vllm.model_executor.models.interfaces import SupportsEagle3
 from vllm.model_executor.models.interfaces import SupportsLoRA
@@ -58,6 +55,7 @@ from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
 from vllm_keras_hub.loading import heap
 from vllm_keras_hub.loading import preset_weights
 from vllm_keras_hub.loading.load_format import backbone_dtype
+from vllm_keras_hub.loading.load_format import building_scope
 from vllm_keras_hub.loading.load_format import task_final_logit_cap
 from vllm_keras_hub.lora import adapters as lora_adapters
 from vllm_keras_hub.lora import merged as lora
@@ -220,12 +218,7 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle3):
         self.model = eagle3.EagleTarget(backbone)
 
     def _vllm_scope(self):
-        """Where vLLM layers are built: this engine's config and device."""
-        device = self.vllm_config.device_config.device
-        scope = contextlib.ExitStack()
-        scope.enter_context(set_current_vllm_config(self.vllm_config))
-        scope.enter_context(torch.device(device))
-        return scope
+        return building_scope(self.vllm_config)
 
     def _own_stage(self, backbone, weights):
         """This rank's pipeline stage; the other stages' weights are never read."""
