@@ -156,7 +156,7 @@ def test_tensor_parallel_greedy_parity(family, shared):
         replicated = [shards for _, _, shards in report["linears"]].count(1)
         assert replicated == REPLICATED_KV_PROJECTIONS.get(family, 0)
         # Gemma4's blocks multiply by their MLP kernels themselves: each rank
-        # keeps half of every one in place.
+        # keeps half of every one, then packed for vLLM's CPU GEMM.
         sliced = report["sliced_kernels"]
         assert len(sliced) == (3 * len(specs) if family.startswith("gemma4") else 0)
         assert all(2 * held == whole for held, whole in sliced)

@@ -25,6 +25,7 @@ import torch
 from keras import ops
 
 from vllm_keras_hub.compile.direct_calls import direct_call
+from vllm_keras_hub.layers import kernel_readers
 from vllm_keras_hub.layers import onednn
 from vllm_keras_hub.loading import heap
 
@@ -48,6 +49,12 @@ class _PackedKernel:
         # whether Keras's copy is gone.
         self.read = False
         self.freed = False
+
+    def __array__(self, *args, **kwargs):
+        raise RuntimeError(
+            "A weight on vLLM's CPU GEMM is multiplied only by its layer's call "
+            "or its decoder block's `ops.matmul` (`kernel_readers.py`)."
+        )
 
 
 def matmul_plan(equation):
@@ -111,7 +118,11 @@ def matmul_weight(layer):
 
 
 def _packed_matmul(self, inputs):
-    packed = self._packed_kernel
+    return packed_rows(self._packed_kernel, inputs)
+
+
+def packed_rows(packed, inputs):
+    """`inputs` times the `_PackedKernel` `packed`, over its trailing axes."""
     batch_shape = inputs.shape[: inputs.ndim - packed.contracted_rank]
     rows = inputs.reshape(-1, packed.in_size)
     # vLLM's oneDNN GEMM needs unit-stride rows; a vision encoder hands
@@ -187,7 +198,9 @@ def _cpu_gemm(linear, x):
     return linear.cpu_linear(x, None, None)
 
 
-def use_packed_kernel(layer, matmul, in_size, contracted_rank, out_shape):
+def use_packed_kernel(
+    layer, matmul, in_size, contracted_rank, out_shape, read_by_block=False
+):
     """Makes `layer`'s call multiply by `matmul` instead of its own kernel.
 
     The layer's bias, activation and soft cap stay its own; reads of its
@@ -199,9 +212,11 @@ def use_packed_kernel(layer, matmul, in_size, contracted_rank, out_shape):
         in_size: The contracted size.
         contracted_rank: How many trailing input axes are contracted.
         out_shape: The output's trailing axes.
+        read_by_block: Whether its decoder block multiplies by its kernel
+            (`kernel_readers.py`): the kernel then reads as the packed weight.
     """
     layer._packed_kernel = _PackedKernel(matmul, in_size, contracted_rank, out_shape)
-    layer.__class__ = _gemm_class(type(layer))
+    layer.__class__ = _gemm_class(type(layer), read_by_block)
 
 
 def _guarded_weight(keras_getter):
@@ -219,10 +234,10 @@ def _guarded_weight(keras_getter):
     return property(get)
 
 
-def _gemm_class(cls):
+def _gemm_class(cls, read_by_block=False):
     from keras.layers import ReversibleEmbedding
 
-    if cls not in _GEMM_CLASSES:
+    if (cls, read_by_block) not in _GEMM_CLASSES:
         if issubclass(cls, ReversibleEmbedding):
             methods = {
                 "call": _reversible_embedding_call,
@@ -233,13 +248,17 @@ def _gemm_class(cls):
                 ),
             }
         else:
-            methods = {"call": _dense_call, "kernel": _guarded_weight(cls.kernel.fget)}
+            kernel = _guarded_weight(cls.kernel.fget)
+            if read_by_block:
+                # What its block's routed `ops.matmul` multiplies by.
+                kernel = property(lambda self: self._packed_kernel)
+            methods = {"call": _dense_call, "kernel": kernel}
             if cls.__call__ is direct_call:
                 methods.update(__call__=_gemm_direct_call, _keras_direct_call=direct_call)
-        _GEMM_CLASSES[cls] = type(
+        _GEMM_CLASSES[cls, read_by_block] = type(
             cls.__name__, (cls,), {**methods, "__module__": cls.__module__}
         )
-    return _GEMM_CLASSES[cls]
+    return _GEMM_CLASSES[cls, read_by_block]
 
 
 def _tied_output_class(cls):
@@ -315,11 +334,12 @@ def use_vllm_cpu_gemm(model, step):
     an untied ReversibleEmbedding's output projection. Layers that are
     quantized, have LoRA enabled, are not built, or whose weight dtype
     differs from their compute dtype keep Keras's matmul. So do layers whose
-    weight other code reads (Gemma4's decoder block multiplies its MoE
-    feed-forward kernels itself): `step` runs once with every candidate on
-    the packed call path but still multiplying by Keras's kernel, and any
-    weight read outside its layer's call stays with Keras. The others are
-    then packed and Keras's copy freed one weight at a time, so loading
+    weight other code reads: `step` runs once with every candidate on the
+    packed call path but still multiplying by Keras's kernel, and any
+    weight read outside its layer's call stays with Keras (except a
+    Gemma4 MLP's: its decoder block's `ops.matmul` is routed to the packed
+    weights, `kernel_readers.py`). The others are then packed and Keras's
+    copy freed one weight at a time, so loading
     holds one extra weight, not a second copy of them all. A moved weight
     can no longer be read, so the model can serve but not train, save or be
     quantized.
@@ -334,6 +354,8 @@ def use_vllm_cpu_gemm(model, step):
     Returns:
         The number of layers moved.
     """
+    read_by_block = kernel_readers.kernel_read_layers(model)
+    kernel_readers.route_matmuls(model, _PackedKernel, packed_rows)
     chosen = []
     for layer in model._flatten_layers(include_self=True):
         if not layer.built or hasattr(layer, "_packed_kernel"):
@@ -356,7 +378,9 @@ def use_vllm_cpu_gemm(model, step):
         chosen.append((layer, weight))
     routed = []
     for layer, (variable, permutation, contracted_rank) in chosen:
-        shape = tuple(variable.shape[axis] for axis in permutation)
+        # The tensor's own shape: a tensor-parallel rank may hold a slice
+        # of it in place (`parallel_mlp.py`).
+        shape = tuple(variable.value.shape[axis] for axis in permutation)
         in_size = math.prod(shape[:contracted_rank])
         keras_class = type(layer)
         use_packed_kernel(
@@ -365,6 +389,7 @@ def use_vllm_cpu_gemm(model, step):
             in_size,
             contracted_rank,
             shape[contracted_rank:],
+            id(layer) in read_by_block,
         )
         routed.append((layer, keras_class, variable, permutation))
     step()

@@ -4,6 +4,7 @@ import keras
 import pytest
 import torch
 from keras import ops
+from keras_hub.src.vllm.context import vllm_context_scope
 
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.direct_calls_test import serving_step
@@ -276,3 +277,50 @@ def test_loading_holds_one_extra_weight_and_returns_what_it_frees():
     assert peak <= 4 * one, (peak / one)
     # Releasing may also return what building the model left (negative).
     assert held <= 4 * one, (held / one)
+
+
+@pytest.mark.parametrize("family", ["gemma4", "gemma4_moe"])
+def test_gemma4_blocks_multiply_by_their_packed_mlp_kernels(family):
+    """Gemma4's decoder block multiplies by its MLP kernels itself
+    (`ops.matmul(x, self.gating_ffw.kernel)`): those kernels move too, and
+    the block's own code multiplies by them on vLLM's GEMM (compiled with
+    no graph break: `model_test.py`'s parity runs compile with
+    `fullgraph`)."""
+    from vllm_keras_hub.layers import attention
+    from vllm_keras_hub.layers.attention_test import family_of
+    from vllm_keras_hub.layers.attention_test import tiny_backbone
+    from vllm_keras_hub.layers.kernel_readers import BLOCKS
+
+    backbone = tiny_backbone(family)
+    attention.install(backbone, family_of(family))
+
+    def step():
+        def paged_attention(cache, query, key, value, *args, **kwargs):
+            return cache, query * value.mean() + key.mean()
+
+        token_ids = torch.arange(1, 8).reshape(-1, 1)
+        with vllm_context_scope(
+            paged_attention_func=paged_attention,
+            positions=torch.arange(7),
+            kv_caches=[None] * len(backbone.transformer_layers),
+        ):
+            return backbone(
+                {
+                    "token_ids": token_ids,
+                    "padding_mask": torch.ones_like(token_ids),
+                    "position_ids": torch.arange(7).reshape(-1, 1),
+                },
+                training=False,
+            )
+    blocks = backbone.transformer_layers
+    columns, row = BLOCKS["Gemma4TextDecoderBlock"]
+    mlps = [getattr(block, name) for block in blocks for name in (*columns, row)]
+    with torch.no_grad():
+        expected = step()
+        use_direct_calls(backbone)
+        use_vllm_cpu_gemm(backbone, step)
+        assert all(layer._packed_kernel.freed for layer in mlps)
+        actual = step()
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="multiplied only by"):
+        ops.matmul(torch.ones(1, mlps[0].kernel.in_size), mlps[0].kernel)

@@ -37,8 +37,6 @@ layers); the projections, norms and output embedding are small and stay
 whole, so every rank drafts the same tokens.
 """
 
-import contextlib
-
 from vllm_keras_hub.backend import require_torch_backend
 
 require_torch_backend()
@@ -47,8 +45,8 @@ import torch
 from keras_hub.src.vllm.context import vllm_context_scope
 from torch import nn
 from vllm.compilation.decorators import support_torch_compile
-from vllm.config import set_current_vllm_config
 from vllm.model_executor.models.utils import maybe_prefix
+from vllm.platforms import current_platform
 
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
@@ -56,7 +54,9 @@ from vllm_keras_hub.layers import attention as attention_layers
 from vllm_keras_hub.layers import eagle3
 from vllm_keras_hub.layers import parallel_linear
 from vllm_keras_hub.layers import step
+from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
 from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
+from vllm_keras_hub.loading.load_format import building_scope
 from vllm_keras_hub.loading.preset_weights import LoadedWeights
 from vllm_keras_hub.models import families
 from vllm_keras_hub.models import pipeline
@@ -153,6 +153,9 @@ class KerasHubGemma4MTP(nn.Module):
             self.parallel_linears = nn.ModuleList(self._shards(stage))
         routes = probe.run(stage)
         probe.check_attention_routes(routes, stage.layers, self._name)
+        if current_platform.is_cpu():
+            # The projections and blocks on vLLM's packed GEMM, as the target's.
+            use_vllm_cpu_gemm(task, lambda: probe.run(stage))
         targets = _target_names(
             self.vllm_config.compilation_config.static_forward_context,
             self.prefix,
@@ -182,11 +185,7 @@ class KerasHubGemma4MTP(nn.Module):
             target.image_token_index = None
 
     def _vllm_scope(self):
-        """Where vLLM layers are built: this engine's config and device."""
-        scope = contextlib.ExitStack()
-        scope.enter_context(set_current_vllm_config(self.vllm_config))
-        scope.enter_context(torch.device(self.vllm_config.device_config.device))
-        return scope
+        return building_scope(self.vllm_config)
 
     def _shards(self, stage):
         """This rank's shards of the blocks' matmuls; none at one rank."""

@@ -54,7 +54,7 @@ def rank_report(worker):
         `"weight and packed"`, vLLM's default on the CPU), and
         `keras_table`, elements left in Keras's table;
         `sliced_kernels`, `(held, whole)` elements of each Keras kernel
-        sliced in place (`layers/parallel_mlp.py`); `states`, what each
+        sliced in place (`layers/parallel_mlp.py`), held where it is now; `states`, what each
         Gated DeltaNet layer holds (`heads`, `conv_channels`, `recurrent`
         slot shape, `a_log`).
     """
@@ -75,7 +75,7 @@ def rank_report(worker):
         if hasattr(layer, "_packed_kernel") and hasattr(layer, "_kernel")
     )
     sliced = [
-        (layer._kernel.value.numel(), math.prod(layer._tensor_parallel_whole_shape))
+        (kernel_elements(layer), math.prod(layer._tensor_parallel_whole_shape))
         for layer in model.backbone._flatten_layers(include_self=False)
         if hasattr(layer, "_tensor_parallel_whole_shape")
     ]
@@ -133,6 +133,24 @@ def held_elements(layer):
     if handler is not None:
         return handler.k * handler.n
     cells = (cell.cell_contents for cell in layer.cpu_linear.__closure__ or ())
+    return sum(value.numel() for value in cells if isinstance(value, torch.Tensor))
+
+
+def kernel_elements(layer):
+    """Elements of a Keras layer's kernel on this rank: Keras's tensor, or,
+    once vLLM's CPU GEMM holds it (`layers/linear.py`), what the GEMM keeps."""
+    import functools
+
+    import torch
+
+    if layer._kernel.value.numel():
+        return layer._kernel.value.numel()
+    matmul = layer._packed_kernel.matmul
+    if hasattr(matmul, "handler"):
+        return matmul.handler.k * matmul.handler.n
+    if isinstance(matmul, functools.partial):
+        return held_elements(matmul.args[0])
+    cells = (cell.cell_contents for cell in matmul.__closure__ or ())
     return sum(value.numel() for value in cells if isinstance(value, torch.Tensor))
 
 
