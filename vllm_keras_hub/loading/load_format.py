@@ -4,8 +4,6 @@ vLLM's own formats would look for weight files in the model folder (there are
 none), and `dummy` would re-initialise every parameter, the KerasHub ones too.
 """
 
-import contextlib
-
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
@@ -49,17 +47,6 @@ def task_final_logit_cap(preset):
         return None
     cap = load_json(preset, TASK_CONFIG_FILE).get("config", {}).get("final_logit_cap")
     return float(cap) if cap else None
-
-
-def building_scope(vllm_config):
-    """Where vLLM layers are built: the engine's config and device."""
-    import torch
-    from vllm.config import set_current_vllm_config
-
-    scope = contextlib.ExitStack()
-    scope.enter_context(set_current_vllm_config(vllm_config))
-    scope.enter_context(torch.device(vllm_config.device_config.device))
-    return scope
 
 
 @register_model_loader(LOAD_FORMAT)

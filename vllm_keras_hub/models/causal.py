@@ -55,8 +55,8 @@ from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
 from vllm_keras_hub.loading import heap
 from vllm_keras_hub.loading import preset_weights
 from vllm_keras_hub.loading.load_format import backbone_dtype
-from vllm_keras_hub.loading.load_format import building_scope
 from vllm_keras_hub.loading.load_format import task_final_logit_cap
+from vllm_keras_hub.loading.scope import building_scope
 from vllm_keras_hub.lora import adapters as lora_adapters
 from vllm_keras_hub.lora import merged as lora
 from vllm_keras_hub.models import families

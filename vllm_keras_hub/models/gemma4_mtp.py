@@ -56,8 +56,8 @@ from vllm_keras_hub.layers import parallel_linear
 from vllm_keras_hub.layers import step
 from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
 from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
-from vllm_keras_hub.loading.load_format import building_scope
 from vllm_keras_hub.loading.preset_weights import LoadedWeights
+from vllm_keras_hub.loading.scope import building_scope
 from vllm_keras_hub.models import families
 from vllm_keras_hub.models import pipeline
 from vllm_keras_hub.models import probe
