@@ -111,10 +111,9 @@ GROUPS = {
 EXTENDED = (
     # Load, faults and shutdown against a real server (10 min).
     "tests/reliability_test.py::*",
-    # Tensor parallelism beyond Llama3 (compiled), Gemma4 (KV sharing, the
-    # MLP its block multiplies), Gemma3n (sparsity statistics) and Qwen3.5
-    # (Gated DeltaNet); pipeline beyond Llama3 and Gemma4's KV sharing; 2
-    # stages of 2 ranks. The other families shard the layers these do.
+    # Tensor parallelism beyond Llama3 (compiled) and Gemma4 (KV sharing,
+    # the MLP its block multiplies); pipeline beyond Llama3; 2 stages of 2
+    # ranks. The other families shard the layers these do.
     *(
         f"tests/parallel_test.py::test_tensor_parallel_greedy_parity[{f}]"
         for f in (
@@ -127,10 +126,14 @@ EXTENDED = (
         f"tests/parallel_test.py::test_pipeline_parallel_greedy_parity[{f}]"
         for f in ("gemma3-True", "gemma3-False", "gpt2-False", "gpt_neox-False", "smollm3-False")
     ),
-    # Images at 2 ranks beyond Gemma4's tensor parallel case; a Qwen3.5
-    # pipeline's states, EAGLE-3 and draft models, adapters across stages,
-    # and two nodes on loopback.
-    "tests/parallel_test.py::test_tensor_parallel_images_match_generate[gemma3*]",
+    # Tensor parallelism for Gemma3n and Qwen3.5; images, adapters, Gemma4's
+    # KV sharing, a Qwen3.5 pipeline's states, EAGLE-3 and draft models in
+    # either layout; two nodes on loopback.
+    "tests/parallel_test.py::test_tensor_parallel_greedy_parity[gemma3n]",
+    "tests/parallel_test.py::test_tensor_parallel_greedy_parity[qwen3_5]",
+    "tests/parallel_test.py::test_tensor_parallel_images_match_generate[*]",
+    "tests/parallel_test.py::test_adapters_per_request_at_two_ranks",
+    "tests/parallel_test.py::test_gemma4_pipeline_keeps_kv_sharing_layers_with_their_sources",
     "tests/parallel_test.py::test_pipeline_parallel_images_match_generate[*]",
     "tests/parallel_test.py::test_hybrid_pipeline_keeps_each_stages_state_on_its_rank",
     "tests/parallel_test.py::test_an_eagle3_head_and_a_draft_model_at_two_ranks",
@@ -159,9 +162,23 @@ EXTENDED = (
     "tests/native_families_test.py::test_same_greedy_tokens_as_vllm_native[gpt2]",
     "tests/embeddings_native_test.py::*[bert]",
     # Qwen3.5-MoE's greedy parity (Qwen3.5's hybrid layers and Qwen3-MoE's
-    # experts run by default), and Gemma3n's text-only serving.
+    # experts run by default), and Gemma3n's and Gemma4's text-only serving
+    # (their image tests serve text-only prompts too).
     "tests/model_test.py::test_greedy_parity[qwen3_5_moe]",
     "tests/model_test.py::test_multimodal_presets_serve_text_as_generate[gemma3n]",
+    "tests/model_test.py::test_multimodal_presets_serve_text_as_generate[gemma4]",
+    # Logprobs against vLLM native through `LLM` (`native_parity_test.py`
+    # compares them on SmolLM2), Qwen3's embeddings against native, the
+    # Gemma4 assistant against native's `Gemma4MTP`, a compiled EAGLE-3 head
+    # (Gemma3's eager one runs), a KerasHub draft and GPT-OSS's parsers
+    # through a server, and Gemma3n's audio through a server.
+    "tests/features_test.py::test_logprobs_match_vllm_native",
+    "tests/embeddings_native_test.py::*[qwen3]",
+    "tests/mtp_test.py::test_vllm_natives_gemma4_mtp_drafts_the_same_rows",
+    "tests/speculative_native_test.py::test_an_eagle3_head_compiled_and_chunked",
+    "tests/speculative_test.py::test_serve_with_a_keras_hub_draft",
+    "tests/chat_tools_server_test.py::*[gpt_oss*",
+    "tests/vision_server_test.py::*[gemma3n]",
     # Gemma4's adapters per request (Llama3's and Qwen3-MoE's run by default)
     # and the converter cache's invalidation.
     "vllm_keras_hub/lora/adapters_test.py::test_gemma4_serves_attention_adapters_and_refuses_its_mlps",
@@ -171,8 +188,10 @@ EXTENDED = (
     "tests/vision_gemma4_bidirectional_test.py::test_video_frames_attend_within_themselves_as_the_full_forward",
     "tests/vision_gemma4_bidirectional_test.py::test_the_same_image_again_is_served_from_the_prefix_cache",
     "tests/vision_gemma4_bidirectional_test.py::test_clips_stay_causal_beside_bidirectional_images",
-    # KV transfer beyond Llama3 and images; PaliGemma through a server.
+    # KV transfer beyond Llama3 and images, and between two servers;
+    # PaliGemma through a server.
     "tests/disaggregation_test.py::test_a_consumer_decodes_from_the_producers_kv[gemma4]",
+    "tests/disaggregation_test.py::test_two_servers_and_the_route_between_them",
     "tests/pali_gemma_server_test.py::*",
     "tests/features_test.py::test_data_parallel_matches_one_engine",
     "tests/features_test.py::test_ngram_speculative_decoding",
@@ -200,6 +219,9 @@ EXTENDED = (
     "tests/mtp_test.py::*[compiled]",
     "tests/mtp_test.py::test_the_assistant_at_two_ranks_drafts_as_its_preset",
     "vllm_keras_hub/lora/merged_test.py::test_serve_merges_the_adapter_and_answers_the_openai_client",
+    # A fine-tuned preset saved with its adapter merged, compiled (merging
+    # at load runs by default).
+    "vllm_keras_hub/lora/merged_test.py::test_preset_saved_after_lora_fine_tuning_serves_compiled",
 )
 
 
