@@ -11,7 +11,8 @@ runs with no speculation and with the assistant drafting 3 tokens a step,
 compiled (vLLM's default mode; `--eager` for eager), float32, one thread,
 in its own subprocess; each request alone
 (batch 1): 3 token prompts, 64 new tokens each. Reported: the median ms per
-output token and the acceptance rate from vLLM's spec-decode counters. The
+output token and the acceptance rate from vLLM's spec-decode counters; with
+no draft, also output tokens per second for 8 requests at once. The
 assistant is random, so it drafts almost nothing the target accepts: the
 rows measure what drafting costs each system, not a speed-up. Writes
 `bench/results/mtp.json` and `mtp.png`.
@@ -60,6 +61,9 @@ ASSISTANT = dict(
     num_kv_shared_layers=4,
 )
 PROMPTS = [[2] + [(97 * i + 13 * p) % 590 + 5 for i in range(48)] for p in range(3)]
+# With no draft, also 8 requests at once (batched decode, where the MLPs'
+# matmuls are 8 rows); new prompts, so none comes from the prefix cache.
+BATCH_PROMPTS = [[2] + [(89 * i + 29 * p) % 590 + 5 for i in range(48)] for p in range(8)]
 
 
 def prepare(root):
@@ -127,12 +131,24 @@ def worker(system, mode, folders, max_tokens, eager):
     after = _counters(llm)
     drafted = after["draft"] - before["draft"]
     accepted = after["accepted"] - before["accepted"]
+    batch = None
+    if mode == "none":
+        start = time.perf_counter()
+        outputs = llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in BATCH_PROMPTS], params, use_tqdm=False
+        )
+        elapsed = time.perf_counter() - start
+        batch = dict(
+            tokens_per_s=len(BATCH_PROMPTS) * max_tokens / elapsed,
+            tokens=[list(o.outputs[0].token_ids) for o in outputs],
+        )
     return dict(
         ms_per_token=statistics.median(per_token),
         ms_per_token_runs=per_token,
         acceptance=accepted / drafted if drafted else None,
         drafted=drafted,
         tokens=tokens,
+        batch=batch,
     )
 
 
@@ -185,6 +201,18 @@ def main():
             same_tokens_as_native=ours["tokens"] == native["tokens"],
             runs=dict(keras_hub=ours["ms_per_token_runs"], native=native["ms_per_token_runs"]),
         ))  # fmt: skip
+    ours, native = results[("keras_hub", "none")]["batch"], results[("native", "none")]["batch"]
+    batch = dict(
+        requests=len(BATCH_PROMPTS),
+        keras_hub_tokens_per_s=ours["tokens_per_s"],
+        native_tokens_per_s=native["tokens_per_s"],
+        ratio=ours["tokens_per_s"] / native["tokens_per_s"],
+        same_tokens_as_native=ours["tokens"] == native["tokens"],
+    )
+    print(f"\n{len(BATCH_PROMPTS)} requests at once, no draft: "
+          f"{batch['keras_hub_tokens_per_s']:.1f} tokens/s against native's "
+          f"{batch['native_tokens_per_s']:.1f} ({batch['ratio']:.2f}x), same tokens: "
+          f"{batch['same_tokens_as_native']}")  # fmt: skip
     print(f"\n{'mode':5s} {'ours ms/tok':>11s} {'native':>7s} {'speed vs native':>15s} "
           f"{'acceptance ours/native':>23s} {'same tokens':>11s}")  # fmt: skip
     for r in rows:
@@ -198,7 +226,7 @@ def main():
     with open(os.path.join(RESULTS, "mtp.json"), "w") as f:
         json.dump(dict(max_tokens=max_tokens, draft_tokens=DRAFT_TOKENS, eager=args.eager,
                        target=TARGET,
-                       assistant=ASSISTANT, vocabulary=VOCABULARY, rows=rows,
+                       assistant=ASSISTANT, vocabulary=VOCABULARY, rows=rows, batch=batch,
                        date=time.strftime("%Y-%m-%d %H:%M")), f, indent=1)  # fmt: skip
     import matplotlib
 

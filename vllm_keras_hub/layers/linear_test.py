@@ -312,6 +312,7 @@ def test_gemma4_blocks_multiply_by_their_packed_mlp_kernels(family):
                 },
                 training=False,
             )
+
     blocks = backbone.transformer_layers
     columns, row = BLOCKS["Gemma4TextDecoderBlock"]
     mlps = [getattr(block, name) for block in blocks for name in (*columns, row)]
