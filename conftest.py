@@ -197,8 +197,8 @@ EXTENDED = (
     "tests/features_test.py::test_ngram_speculative_decoding",
     "vllm_keras_hub/smollm2_test.py::test_hf_export_matches_keras_hub",
     "vllm_keras_hub/vllm_fixes/saved_compile_test.py::*",
-    # Images through a server and plain vLLM beyond Gemma3's; Gemma3n's
-    # server runs by default for its audio.
+    # Images through a server and plain vLLM beyond Gemma3's (Gemma3n's
+    # audio through its server moves below).
     *(
         f"tests/vision_server_test.py::{test}[gemma3n]"
         for test in (
