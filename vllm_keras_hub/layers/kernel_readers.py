@@ -66,9 +66,9 @@ def route_matmuls(model, packed_type, packed_matmul):
 def _routed_ops(packed_type, packed_matmul):
     """`keras.ops`, but for `matmul` by a `packed_type` weight."""
     ops = types.ModuleType(f"{__name__}.ops")
-    ops.__dict__.update(vars(keras_ops))
-    ops.__name__ = f"{__name__}.ops"
-    sys.modules[ops.__name__] = ops
+    ops.__dict__.update(
+        (name, value) for name, value in vars(keras_ops).items() if not name.startswith("__")
+    )
 
     def matmul(x1, x2):
         if isinstance(x2, packed_type):
