@@ -35,6 +35,7 @@ from vllm_keras_hub.testing.parallel import image_rows_report
 from vllm_keras_hub.testing.parallel import parallel_llm
 from vllm_keras_hub.testing.parallel import rank_report
 from vllm_keras_hub.testing.parallel import stage_report
+from vllm_keras_hub.testing.parallel import state_heads
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.server import assert_served_greedy
 from vllm_keras_hub.testing.server import end_process_group
@@ -73,6 +74,8 @@ CASES = {
     "gemma3n": "activation sparsity over the whole width, AltUp, KV sharing",
     "qwen3_5": "Gated DeltaNet heads and state per rank, a gated query",
     "qwen3_5_moe": "Gated DeltaNet heads per rank, experts and a gated shared expert",
+    "llama": "Llama's attention and MLP",
+    "phi3_su": "SU-scaled rotary tables",
 }
 
 
@@ -206,6 +209,38 @@ def test_tensor_parallel_greedy_parity(family, shared):
         assert cut[0]["a_log"] + cut[1]["a_log"] == pytest.approx(a_log)
 
 
+def test_a_qwen3_5_vision_preset_at_two_ranks(shared):
+    """A Qwen3.5 preset with its vision encoder (all published Qwen3.5
+    presets carry one; its images are not served yet) at 2 ranks: its text
+    path cuts the same layers per rank as the text preset's, and gives its
+    full forward's tokens, batched and chunked."""
+    preset = shared.preset("qwen3_5", multimodal=True)
+    expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS, full_forward=True)
+    with parallel_llm(
+        f"keras_hub:{preset}",
+        tensor_parallel_size=2,
+        max_num_batched_tokens=CHUNK,
+        enable_chunked_prefill=True,
+        enforce_eager=True,
+    ) as llm:
+        outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        reports = sorted(llm.collective_rpc(rank_report), key=lambda r: r["rank"])
+    row = "qwen3_5 + vision encoder"
+    support_matrix.record(row, TINY_FAMILIES["qwen3_5"][1], tp2="FAIL")
+    _assert_greedy_parity(outputs, expected)
+    support_matrix.record(row, TINY_FAMILIES["qwen3_5"][1], tp2="pass")
+    specs, _, gdn_layers = _single_rank(preset)
+    assert len(gdn_layers) == 3
+    for report in reports:
+        assert report["keras_kernels"] == 0
+        assert report["heads"] == [
+            (spec.num_heads // 2, spec.num_kv_heads // 2) for spec in specs
+        ]
+        assert [held["heads"] for held in report["states"]] == [
+            (k // 2, v // 2) for k, v, *_ in gdn_layers
+        ]
+
+
 # (family, vision) -> what it proves under pipeline parallelism.
 PIPELINE_CASES = {
     ("llama3", False): "an untied head on the last stage, compiled",
@@ -222,7 +257,19 @@ PIPELINE_CASES = {
     ("gpt2", False): "learned positions added on the first stage",
     ("gpt_neox", False): "a fused per-head q/k/v projection",
     ("smollm3", False): "a NoPE layer",
+    ("falcon", False): "ALiBi in Falcon's attention",
+    ("gemma", False): "one KV head, a tied head on the last stage",
+    ("llama", False): "Llama's attention and MLP",
+    ("mistral", False): "a sliding window",
+    ("mixtral", False): "Mixtral's experts on vLLM's FusedMoE",
+    ("opt", False): "learned positions (OPT's offset) on the first stage",
+    ("phi3", False): "Phi-3's fused q/k/v and gate/up projections",
+    ("phi3_su", False): "SU-scaled rotary tables",
+    ("qwen3", False): "per-head q/k norms",
+    ("qwen_moe", False): "a shared expert beside the routed ones",
 }
+# The families whose every layer has experts on vLLM's FusedMoE.
+MOE_FAMILIES = ("gpt_oss", "mixtral", "qwen3_moe", "qwen_moe")
 
 
 def _assert_greedy_parity(outputs, expected):
@@ -265,7 +312,7 @@ def test_pipeline_parallel_greedy_parity(family, vision, shared):
     assert (first["stage"], last["stage"]) == ((0, half), (half, 2 * half))
     assert first["attention"] == [f"attention.{i}" for i in range(half)]
     assert last["attention"] == [f"attention.{i}" for i in range(half, 2 * half)]
-    moe = family in ("gpt_oss", "qwen3_moe")
+    moe = family in MOE_FAMILIES
     assert first["experts"] == last["experts"] == int(moe)
     assert first["others"] == last["others"] == 0
     assert first["embedding"] and last["head"]
@@ -274,16 +321,20 @@ def test_pipeline_parallel_greedy_parity(family, vision, shared):
     assert last["embedding"] == first["head"] == first["tied"]
 
 
-def test_gemma4_pipeline_keeps_kv_sharing_layers_with_their_sources(shared, tmp_path):
+@pytest.mark.parametrize("family", ["gemma4", "gemma4_moe"])
+def test_gemma4_pipeline_keeps_kv_sharing_layers_with_their_sources(
+    family, shared, tmp_path
+):
     """Gemma4 at 2 stages, on a tiny preset of 6 layers whose last 2 attend
     over layers 2's and 3's KV caches: the cut vLLM would make (at layer 3)
     moves down to layer 2, so those caches are on the stage that reads
     them, and the per-layer inputs made on the first stage cross with the
-    hidden states. The greedy tokens are `generate()`'s."""
+    hidden states. The greedy tokens are `generate()`'s. Gemma4-MoE's
+    layers also carry experts, each stage its own."""
     from vllm_keras_hub.testing.presets import build_tiny_preset
 
     preset = build_tiny_preset(
-        "gemma4", str(tmp_path / "gemma4"), backbone_overrides={"num_layers": 6}
+        family, str(tmp_path / family), backbone_overrides={"num_layers": 6}
     )
     expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
     with parallel_llm(
@@ -295,11 +346,13 @@ def test_gemma4_pipeline_keeps_kv_sharing_layers_with_their_sources(shared, tmp_
     ) as llm:
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         reports = sorted(llm.collective_rpc(stage_report), key=lambda r: r["ranks"])
-    support_matrix.record("gemma4", TINY_FAMILIES["gemma4"][1], pp2="FAIL")
+    support_matrix.record(family, TINY_FAMILIES[family][1], pp2="FAIL")
     _assert_greedy_parity(outputs, expected)
-    support_matrix.record("gemma4", TINY_FAMILIES["gemma4"][1], pp2="pass (6 layers)")
+    support_matrix.record(family, TINY_FAMILIES[family][1], pp2="pass (6 layers)")
     first, last = reports
     assert (first["stage"], last["stage"]) == ((0, 2), (2, 6))
+    assert first["experts"] == 2 * (family == "gemma4_moe")
+    assert last["experts"] == 4 * (family == "gemma4_moe")
     assert first["kv_sharing"] == {}
     assert {
         name.rsplit(".", 1)[-1]: target.rsplit(".", 1)[-1]
@@ -309,16 +362,18 @@ def test_gemma4_pipeline_keeps_kv_sharing_layers_with_their_sources(shared, tmp_
     assert first["embedding"] and last["head"]
 
 
-def test_hybrid_pipeline_keeps_each_stages_state_on_its_rank(shared, tmp_path):
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_hybrid_pipeline_keeps_each_stages_state_on_its_rank(family, shared, tmp_path):
     """Qwen3.5 at 2 stages, on a tiny preset of 8 layers (Gated DeltaNet,
     attention every 4th): each stage holds its own layers' recurrent state
     in vLLM's state cache, and an attention layer, which vLLM 0.32 needs on
     every stage. The tokens are its full forward's (`generate()` is not
-    exact for Qwen3.5, `model_test.py`)."""
+    exact for Qwen3.5, `model_test.py`). Qwen3.5-MoE's layers also carry
+    experts, each stage its own."""
     from vllm_keras_hub.testing.presets import build_tiny_preset
 
     preset = build_tiny_preset(
-        "qwen3_5", str(tmp_path / "qwen3_5"), backbone_overrides={"num_layers": 8}
+        family, str(tmp_path / family), backbone_overrides={"num_layers": 8}
     )
     expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS, full_forward=True)
     with parallel_llm(
@@ -330,11 +385,12 @@ def test_hybrid_pipeline_keeps_each_stages_state_on_its_rank(shared, tmp_path):
     ) as llm:
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         reports = sorted(llm.collective_rpc(stage_report), key=lambda r: r["ranks"])
-    support_matrix.record("qwen3_5", TINY_FAMILIES["qwen3_5"][1], pp2="FAIL")
+    support_matrix.record(family, TINY_FAMILIES[family][1], pp2="FAIL")
     _assert_greedy_parity(outputs, expected)
-    support_matrix.record("qwen3_5", TINY_FAMILIES["qwen3_5"][1], pp2="pass (8 layers)")
+    support_matrix.record(family, TINY_FAMILIES[family][1], pp2="pass (8 layers)")
     first, last = reports
     assert (first["stage"], last["stage"]) == ((0, 4), (4, 8))
+    assert first["experts"] == last["experts"] == 4 * (family == "qwen3_5_moe")
     assert first["attention"] == ["attention.3"] and last["attention"] == ["attention.7"]
     assert first["states"] == last["states"] == 3
     assert first["others"] == last["others"] == 0
@@ -473,28 +529,56 @@ def test_pipeline_parallel_images_match_generate(family, tmp_path):
     assert set(counts.values()) == {image_rows}
 
 
-def test_tensor_and_pipeline_parallel_together(shared, monkeypatch):
-    """2 stages of 2 ranks each: Gemma2's tied head is vocabulary-parallel
-    on the last stage's ranks only, and only the first stage keeps the
-    input table."""
+# family -> (layers, what 2 stages of 2 ranks prove for it).
+TP_AND_PP_CASES = {
+    "gemma2": (2, "a tied head, vocabulary-parallel on the last stage only"),
+    "qwen3_5": (8, "Gated DeltaNet heads per rank, states per stage"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(TP_AND_PP_CASES))
+def test_tensor_and_pipeline_parallel_together(family, shared, monkeypatch, tmp_path):
+    """2 stages of 2 ranks each: the output head is vocabulary-parallel on
+    the last stage's ranks only, and only the first stage keeps the input
+    table (Gemma2's is tied to the head). Qwen3.5, on a preset of 8 layers
+    (an attention layer on each stage), keeps each stage's Gated DeltaNet
+    states on its own ranks, half of every layer's heads on each."""
+    from vllm_keras_hub.testing.presets import build_tiny_preset
+
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1|0|1")
-    preset = shared.preset("gemma2")
-    expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
+    layers, _ = TP_AND_PP_CASES[family]
+    if layers == 2:
+        preset = shared.preset(family)
+    else:
+        preset = build_tiny_preset(
+            family, str(tmp_path / family), backbone_overrides={"num_layers": layers}
+        )
+    expected = shared.oracle(
+        preset, PROMPTS, MAX_NEW_TOKENS, full_forward=family in FULL_FORWARD_ORACLE
+    )
     with parallel_llm(
         f"keras_hub:{preset}",
         tensor_parallel_size=2,
         pipeline_parallel_size=2,
         max_num_batched_tokens=CHUNK,
         enable_chunked_prefill=True,
+        enforce_eager=family != "gemma2",
     ) as llm:
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         reports = sorted(llm.collective_rpc(stage_report), key=lambda r: r["ranks"])
+        heads = llm.collective_rpc(state_heads)
     _assert_greedy_parity(outputs, expected)
+    half = layers // 2
     assert [r["ranks"] for r in reports] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert [r["stage"] for r in reports] == [(0, 1)] * 2 + [(1, 2)] * 2
+    assert [r["stage"] for r in reports] == [(0, half)] * 2 + [(half, layers)] * 2
     assert [r["embedding"] for r in reports] == [True, True, False, False]
     assert [r["vocab_parallel_head"] for r in reports] == [False, False, True, True]
     assert all(r["others"] == 0 for r in reports)
+    if family == "qwen3_5":
+        # 3 of each stage's 4 layers are Gated DeltaNet; each rank of a
+        # stage holds 1 of the 2 key heads and 2 of the 4 value heads.
+        assert [r["states"] for r in reports] == [3] * 4
+        assert heads == [[(1, 2)] * 3] * 4
 
 
 @contextlib.contextmanager

@@ -164,6 +164,13 @@ def _head_copies(lm_head):
     return "weight and packed"
 
 
+def state_heads(worker):
+    """`(key heads, value heads)` of each Gated DeltaNet layer one worker
+    holds; run on each with `collective_rpc`, in any layout."""
+    model = worker.model_runner.model
+    return [(state.spec.num_k_heads, state.spec.num_v_heads) for state in model.states]
+
+
 def stage_report(worker):
     """What one pipeline stage's worker holds; run with `collective_rpc`.
 
