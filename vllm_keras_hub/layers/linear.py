@@ -13,9 +13,7 @@ Keras's copy, so the weights are held once, in the packed layout (or,
 where vLLM's own layers fall back to torch's linear, in theirs). The
 layers' bias, activation, soft cap and output shape stay Keras's.
 
-A tied output embedding is also the input embedding, so it cannot move to
-a packed layout without a second copy (vLLM's own models keep one). In
-float32 its output projection runs on oneDNN over Keras's own tensor.
+A tied output embedding keeps its one table (`tied_output.py`).
 """
 
 import functools
@@ -27,10 +25,10 @@ from keras import ops
 from vllm_keras_hub.compile.direct_calls import direct_call
 from vllm_keras_hub.layers import kernel_readers
 from vllm_keras_hub.layers import onednn
+from vllm_keras_hub.layers import tied_output
 from vllm_keras_hub.loading import heap
 
 _GEMM_CLASSES = {}
-_TIED_OUTPUT_CLASSES = {}
 
 
 class _PackedKernel:
@@ -164,34 +162,7 @@ def _dense_call(self, inputs, training=None):
 def _reversible_embedding_call(self, inputs, reverse=False):
     if not reverse:
         return self._keras_layer_call(inputs)
-    return _soft_capped(self, _packed_matmul(self, inputs))
-
-
-def unpacked_linear(inputs, weight, bias=None):
-    """`inputs @ weight.T` on oneDNN over an unpacked `(out, in)` tensor.
-
-    For a table that is also looked up, so it stays one tensor: aten's
-    float32 matmul is MKL's here; oneDNN on the same unpacked (vocab,
-    hidden) tensor took 27 ms instead of 38 ms for SmolLM2's 49152 x 576 at
-    32 rows (one thread). In bfloat16 aten already calls oneDNN.
-    """
-    out = torch.ops.mkldnn._linear_pointwise(
-        inputs.reshape(-1, inputs.shape[-1]), weight, bias, "none", [], ""
-    )
-    return out.reshape(*inputs.shape[:-1], out.shape[-1])
-
-
-def _tied_output_call(self, inputs, reverse=False):
-    if not reverse:
-        return self._keras_layer_call(inputs)
-    return _soft_capped(self, unpacked_linear(inputs, self.embeddings.value))
-
-
-def _soft_capped(layer, logits):
-    if layer.logit_soft_cap is None:
-        return logits
-    soft_cap = layer.logit_soft_cap
-    return ops.multiply(ops.tanh(ops.divide(logits, soft_cap)), soft_cap)
+    return tied_output.soft_capped(self, _packed_matmul(self, inputs))
 
 
 def _cpu_gemm(linear, x):
@@ -259,35 +230,6 @@ def _gemm_class(cls, read_by_block=False):
             cls.__name__, (cls,), {**methods, "__module__": cls.__module__}
         )
     return _GEMM_CLASSES[cls, read_by_block]
-
-
-def _tied_output_class(cls):
-    if cls not in _TIED_OUTPUT_CLASSES:
-        _TIED_OUTPUT_CLASSES[cls] = type(
-            cls.__name__,
-            (cls,),
-            {
-                "call": _tied_output_call,
-                "_keras_layer_call": cls.call,
-                "__module__": cls.__module__,
-            },
-        )
-    return _TIED_OUTPUT_CLASSES[cls]
-
-
-def _is_float32_tied_output(layer):
-    from keras.layers import ReversibleEmbedding
-
-    return (
-        isinstance(layer, ReversibleEmbedding)
-        and layer.tie_weights
-        and layer.reverse_dtype is None
-        and layer.compute_dtype == "float32"
-        and layer.embeddings.dtype == "float32"
-        and getattr(layer, "quantization_mode", None) is None
-        and not getattr(layer, "lora_enabled", False)
-        and torch.backends.mkldnn.is_available()
-    )
 
 
 def _pack(matrix):
@@ -360,8 +302,7 @@ def use_vllm_cpu_gemm(model, step):
     for layer in model._flatten_layers(include_self=True):
         if not layer.built or hasattr(layer, "_packed_kernel"):
             continue
-        if _is_float32_tied_output(layer):
-            layer.__class__ = _tied_output_class(type(layer))
+        if tied_output.use_unpacked_linear(layer):
             continue
         weight = matmul_weight(layer)
         if weight is None:

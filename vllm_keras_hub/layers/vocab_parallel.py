@@ -123,7 +123,7 @@ def prepare_head(lm_head, looks_up):
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
     from vllm.platforms import current_platform
 
-    from vllm_keras_hub.layers.linear import unpacked_linear
+    from vllm_keras_hub.layers.tied_output import unpacked_linear
 
     if not current_platform.is_cpu():
         lm_head.quant_method.process_weights_after_loading(lm_head)

@@ -155,7 +155,7 @@ def kernel_elements(layer):
 
 
 def _head_copies(lm_head):
-    from vllm_keras_hub.layers.linear import unpacked_linear
+    from vllm_keras_hub.layers.tied_output import unpacked_linear
 
     if lm_head.cpu_linear is unpacked_linear:
         return "one unpacked"
