@@ -131,7 +131,7 @@ EXTENDED = (
     # either layout; two nodes on loopback.
     "tests/parallel_test.py::test_tensor_parallel_greedy_parity[gemma3n]",
     "tests/parallel_test.py::test_tensor_parallel_greedy_parity[qwen3_5]",
-    "tests/parallel_test.py::test_a_qwen3_5_vision_preset_at_two_ranks",
+    "tests/parallel_test.py::test_a_multimodal_preset_serves_text_at_two_ranks[*]",
     "tests/parallel_test.py::test_tensor_parallel_images_match_generate[*]",
     "tests/parallel_test.py::test_adapters_per_request_at_two_ranks",
     "tests/parallel_test.py::test_gemma4_pipeline_keeps_kv_sharing_layers_with_their_sources[*]",

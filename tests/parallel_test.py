@@ -209,13 +209,21 @@ def test_tensor_parallel_greedy_parity(family, shared):
         assert cut[0]["a_log"] + cut[1]["a_log"] == pytest.approx(a_log)
 
 
-def test_a_qwen3_5_vision_preset_at_two_ranks(shared):
-    """A Qwen3.5 preset with its vision encoder (all published Qwen3.5
-    presets carry one; its images are not served yet) at 2 ranks: its text
-    path cuts the same layers per rank as the text preset's, and gives its
-    full forward's tokens, batched and chunked."""
-    preset = shared.preset("qwen3_5", multimodal=True)
-    expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS, full_forward=True)
+# family -> the media encoder its multimodal test preset carries.
+MULTIMODAL_TEXT_CASES = {"gemma3n": "audio", "qwen3_5": "vision"}
+
+
+@pytest.mark.parametrize("family", sorted(MULTIMODAL_TEXT_CASES))
+def test_a_multimodal_preset_serves_text_at_two_ranks(family, shared):
+    """A preset with a media encoder whose media this row does not serve
+    (Gemma3n's audio encoder alone; Qwen3.5's vision encoder, which all
+    published Qwen3.5 presets carry) at 2 ranks: its text path cuts the
+    same layers per rank as the text preset's, and gives its oracle's
+    tokens (Qwen3.5: its full forward), batched and chunked."""
+    preset = shared.preset(family, multimodal=True)
+    expected = shared.oracle(
+        preset, PROMPTS, MAX_NEW_TOKENS, full_forward=family in FULL_FORWARD_ORACLE
+    )
     with parallel_llm(
         f"keras_hub:{preset}",
         tensor_parallel_size=2,
@@ -225,16 +233,16 @@ def test_a_qwen3_5_vision_preset_at_two_ranks(shared):
     ) as llm:
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         reports = sorted(llm.collective_rpc(rank_report), key=lambda r: r["rank"])
-    row = "qwen3_5 + vision encoder"
-    support_matrix.record(row, TINY_FAMILIES["qwen3_5"][1], tp2="FAIL")
+    row = f"{family} + {MULTIMODAL_TEXT_CASES[family]} encoder"
+    support_matrix.record(row, TINY_FAMILIES[family][1], tp2="FAIL")
     _assert_greedy_parity(outputs, expected)
-    support_matrix.record(row, TINY_FAMILIES["qwen3_5"][1], tp2="pass")
+    support_matrix.record(row, TINY_FAMILIES[family][1], tp2="pass")
     specs, _, gdn_layers = _single_rank(preset)
-    assert len(gdn_layers) == 3
+    assert len(gdn_layers) == (3 if family == "qwen3_5" else 0)
     for report in reports:
         assert report["keras_kernels"] == 0
         assert report["heads"] == [
-            (spec.num_heads // 2, spec.num_kv_heads // 2) for spec in specs
+            (spec.num_heads // 2, max(spec.num_kv_heads // 2, 1)) for spec in specs
         ]
         assert [held["heads"] for held in report["states"]] == [
             (k // 2, v // 2) for k, v, *_ in gdn_layers
