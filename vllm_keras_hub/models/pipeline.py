@@ -54,7 +54,8 @@ class Stage:
         size: Stages in all.
         model: The Keras model cut from the backbone's graph, or `None`
             where the whole backbone runs (one stage) or the text path is
-            a loop over the layers (Gemma3 vision presets, Gemma4).
+            a loop over the layers (Gemma3 and Qwen3.5 vision presets,
+            Gemma4).
         hidden_size: The width of what enters a stage after the first: the
             hidden states, and Gemma4's per-layer inputs beside them.
     """
@@ -264,9 +265,10 @@ def stage(backbone, rank=0, size=1):
 def _loop_path(backbone):
     # `text_forward`'s own loop over the layers (no functional graph).
     name = type(backbone).__name__
-    return name == "Gemma4Backbone" or (
-        name == "Gemma3Backbone" and not backbone.text_only_model
-    )
+    if name == "Gemma4Backbone":
+        return True
+    vision = ("Gemma3Backbone", "Qwen3_5Backbone", "Qwen3_5MoeBackbone")
+    return name in vision and not backbone.text_only_model
 
 
 def _per_layer_width(backbone):

@@ -207,19 +207,32 @@ def test_gemma4_stages_keep_kv_sharing_layers_with_their_sources(
         pipeline.stage(four, 1, 2)
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
-def test_hybrid_stages_each_hold_an_attention_layer(family, presets, tmp_path):
+@pytest.mark.parametrize(
+    "family, multimodal", [("qwen3_5", False), ("qwen3_5", True), ("qwen3_5_moe", False)]
+)
+def test_hybrid_stages_each_hold_an_attention_layer(family, multimodal, presets, tmp_path):
     """8 hybrid layers (attention at 3 and 7) cut as vLLM cuts them, each
     stage with its Gated DeltaNet layers and one attention layer; the tiny
     4-layer preset's first stage would hold Gated DeltaNet layers only,
-    which vLLM 0.32's engine cannot start, so it is refused."""
+    which vLLM 0.32's engine cannot start, so it is refused. A preset with
+    a vision encoder (every published Qwen3.5 one) runs its text path as a
+    loop over the layers, and only the first stage reads the encoder."""
     preset = build_tiny_preset(
-        family, str(tmp_path / "eight"), backbone_overrides={"num_layers": 8}
+        family,
+        str(tmp_path / "eight"),
+        multimodal=multimodal,
+        backbone_overrides={"num_layers": 8},
     )
     expected, _ = _whole_forward(preset)
     hidden, stages = _run_stages(preset, 2)
     torch.testing.assert_close(hidden, expected, rtol=0, atol=0)
     assert [(s.start, s.end) for s, _ in stages] == [(0, 4), (4, 8)]
-    four = unloaded_backbone(presets(family), "float32")
+    encoders = [getattr(s.backbone, "vision_encoder", None) for s, _ in stages]
+    if multimodal:
+        held = [sum(v.value.numel() for v in e.variables) for e in encoders]
+        assert held[0] > 0 and held[1] == 0
+    else:
+        assert encoders == [None, None]
+    four = unloaded_backbone(presets(family, multimodal), "float32")
     with pytest.raises(UnsupportedParallelismError, match="Gated DeltaNet layers only"):
         pipeline.stage(four, 1, 2)

@@ -21,8 +21,8 @@ def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidd
         positions: `(batch, length)` position of each token.
         layers: `(start, end)`: run only these transformer layers, a
             pipeline stage of a backbone whose text path is a loop over its
-            layers (Gemma3 vision presets, Gemma4); `pipeline.py` cuts the
-            others.
+            layers (Gemma3 and Qwen3.5 vision presets, Gemma4); `pipeline.py`
+            cuts the others.
         hidden: The hidden states entering layer `start`; at layer 0, the
             input embeddings of a preset served with images, images merged
             in (`vision.py`). Gemma4 then needs `token_ids` zero at its
@@ -55,7 +55,7 @@ def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidd
         }
         return backbone(inputs, training=False)["sequence_output"]
     if name in ("Qwen3_5Backbone", "Qwen3_5MoeBackbone") and not backbone.text_only_model:
-        return _qwen3_5_vision(backbone, token_ids, padding_mask)
+        return _qwen3_5_vision(backbone, token_ids, padding_mask, layers, hidden)
     return backbone(
         {"token_ids": token_ids, "padding_mask": padding_mask}, training=False
     )
@@ -91,12 +91,16 @@ def _pali_gemma(backbone, token_ids, hidden=None):
     return backbone.layer_norm(x)
 
 
-def _qwen3_5_vision(backbone, token_ids, padding_mask):
+def _qwen3_5_vision(backbone, token_ids, padding_mask, layers=None, hidden=None):
     # `Qwen3_5Backbone`'s graph without images (its `__call__` would run the
-    # vision encoder on none): token embeddings, the layers, the final norm.
-    x = backbone.token_embedding(token_ids)
-    for layer in backbone.transformer_layers:
+    # vision encoder on none): token embeddings, the layers, the final norm;
+    # at a pipeline stage, its own layers (the norm on the last).
+    start, end = layers or (0, len(backbone.transformer_layers))
+    x = backbone.token_embedding(token_ids) if hidden is None else hidden
+    for layer in backbone.transformer_layers[start:end]:
         x = layer(x, decoder_padding_mask=padding_mask)
+    if end < len(backbone.transformer_layers):
+        return x
     return backbone.layer_norm(x)
 
 
