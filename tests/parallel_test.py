@@ -217,9 +217,9 @@ MULTIMODAL_TEXT_CASES = {"gemma3n": "audio", "qwen3_5": "vision"}
 def test_a_multimodal_preset_serves_text_at_two_ranks(family, shared):
     """A preset with a media encoder whose media this row does not serve
     (Gemma3n's audio encoder alone; Qwen3.5's vision encoder, which all
-    published Qwen3.5 presets carry) at 2 ranks: its text path cuts the
-    same layers per rank as the text preset's, and gives its oracle's
-    tokens (Qwen3.5: its full forward), batched and chunked."""
+    published Qwen3.5 presets carry) at 2 ranks: each rank holds half of
+    every sharded weight, heads and Gated DeltaNet state, and the tokens
+    are its oracle's (Qwen3.5: its full forward), batched and chunked."""
     preset = shared.preset(family, multimodal=True)
     expected = shared.oracle(
         preset, PROMPTS, MAX_NEW_TOKENS, full_forward=family in FULL_FORWARD_ORACLE
@@ -240,6 +240,9 @@ def test_a_multimodal_preset_serves_text_at_two_ranks(family, shared):
     specs, _, gdn_layers = _single_rank(preset)
     assert len(gdn_layers) == (3 if family == "qwen3_5" else 0)
     for report in reports:
+        assert report["linears"]
+        for held, full, shards in report["linears"]:
+            assert held * shards == full
         assert report["keras_kernels"] == 0
         assert report["heads"] == [
             (spec.num_heads // 2, max(spec.num_kv_heads // 2, 1)) for spec in specs
@@ -258,8 +261,9 @@ PIPELINE_CASES = {
     ("gpt_oss", False): "attention sinks, experts on vLLM's FusedMoE",
     ("qwen3_moe", False): "experts on vLLM's FusedMoE",
     # A vision preset as published (its image converter included), so served
-    # by the vision model class, with images off: they are refused under
-    # pipeline parallelism. Its text path loops over its layers.
+    # by the vision model class, here with images off (its images at 2
+    # stages: `test_pipeline_parallel_images_match_generate`). Its text path
+    # loops over its layers.
     ("gemma3", True): "a vision preset, whose text path loops over its layers",
     ("gemma3", False): "sliding and global layers, scaled embeddings",
     ("gpt2", False): "learned positions added on the first stage",
@@ -552,8 +556,10 @@ def test_pipeline_parallel_images_match_generate(family, tmp_path):
 
 
 # family -> (layers, what 2 stages of 2 ranks prove for it).
+# family -> (layers of a preset built for the case, or None for the shared
+# tiny preset's 2; what 2 stages of 2 ranks prove for it).
 TP_AND_PP_CASES = {
-    "gemma2": (2, "a tied head, vocabulary-parallel on the last stage only"),
+    "gemma2": (None, "a tied head, vocabulary-parallel on the last stage only"),
     "qwen3_5": (8, "Gated DeltaNet heads per rank, states per stage"),
 }
 
@@ -569,8 +575,8 @@ def test_tensor_and_pipeline_parallel_together(family, shared, monkeypatch, tmp_
 
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1|0|1")
     layers, _ = TP_AND_PP_CASES[family]
-    if layers == 2:
-        preset = shared.preset(family)
+    if layers is None:
+        preset, layers = shared.preset(family), 2
     else:
         preset = build_tiny_preset(
             family, str(tmp_path / family), backbone_overrides={"num_layers": layers}
@@ -584,7 +590,6 @@ def test_tensor_and_pipeline_parallel_together(family, shared, monkeypatch, tmp_
         pipeline_parallel_size=2,
         max_num_batched_tokens=CHUNK,
         enable_chunked_prefill=True,
-        enforce_eager=family != "gemma2",
     ) as llm:
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         reports = sorted(llm.collective_rpc(stage_report), key=lambda r: r["ranks"])

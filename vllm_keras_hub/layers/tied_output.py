@@ -28,7 +28,12 @@ def unpacked_linear(inputs, weight, bias=None):
 
 
 def soft_capped(layer, logits):
-    """`logits` under `layer`'s final soft cap, as `ReversibleEmbedding` does."""
+    """`logits` under `layer`'s final soft cap, as `ReversibleEmbedding` does.
+
+    Args:
+        layer: A `ReversibleEmbedding`, tied or not.
+        logits: Its output projection of the hidden states.
+    """
     if layer.logit_soft_cap is None:
         return logits
     soft_cap = layer.logit_soft_cap
