@@ -19,7 +19,9 @@ def unpacked_linear(inputs, weight, bias=None):
     For a table that is also looked up, so it stays one tensor: aten's
     float32 matmul is MKL's here; oneDNN on the same unpacked (vocab,
     hidden) tensor took 27 ms instead of 38 ms for SmolLM2's 49152 x 576 at
-    32 rows (one thread). In bfloat16 aten already calls oneDNN.
+    32 rows (one thread). In bfloat16 aten already calls oneDNN. At 2 to 8
+    rows it takes up to 2x the time of vLLM's packed copy, which this does
+    not hold (docs/performance.md, "Serving over HTTP").
     """
     out = torch.ops.mkldnn._linear_pointwise(
         inputs.reshape(-1, inputs.shape[-1]), weight, bias, "none", [], ""
