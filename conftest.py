@@ -165,6 +165,7 @@ EXTENDED = (
         )
     ),
     "tests/parallel_test.py::test_tensor_and_pipeline_parallel_together[*]",
+    "tests/parallel_test.py::test_bidirectional_gemma4_images_in_each_layout[*]",
     # vLLM native cross-checks beyond five dense families and two embedders.
     "tests/native_families_test.py::test_moe_families_*",
     "tests/native_families_test.py::test_qwen3_5_*",

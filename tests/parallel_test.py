@@ -555,7 +555,54 @@ def test_pipeline_parallel_images_match_generate(family, tmp_path):
     assert set(counts.values()) == {image_rows}
 
 
-# family -> (layers, what 2 stages of 2 ranks prove for it).
+@pytest.mark.parametrize("layout", ["tensor", "pipeline"])
+def test_bidirectional_gemma4_images_in_each_layout(layout, tmp_path):
+    """A Gemma4 vision preset whose images attend both ways within
+    themselves (as the published 26B and 31B presets do) at 2 ranks, and
+    at 2 stages (6 layers), gives its full forward's tokens on a batch with
+    0, 1 and 2 images per prompt: each rank re-attends the image rows over
+    its own heads; the last stage gets the step's image rows beside the
+    hidden states. (`generate()` attends causally: KerasHub's bug,
+    `vision_gemma4_bidirectional_test.py`.)"""
+    from vllm_keras_hub.testing.image_oracle import gemma4_full_forward_with_images
+    from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
+
+    layers = {"num_layers": 6} if layout == "pipeline" else None
+    preset = build_tiny_vision_preset(
+        str(tmp_path / "gemma4"), "gemma4", bidirectional=True, backbone_overrides=layers
+    )
+    prompts = batch_prompts(IMAGE_CASES["gemma4"][0])
+    expected = gemma4_full_forward_with_images(preset, prompts, MAX_NEW_TOKENS)
+    assert expected[0][1] != expected[3][1]
+    # The images' attention decides the answer: attended causally, the
+    # first prompt's tokens differ.
+    causal = keras_hub_greedy_with_images(preset, prompts[:1], MAX_NEW_TOKENS)
+    assert causal[0][1] != expected[0][1]
+    with parallel_llm(
+        f"keras_hub:{preset}",
+        **{f"{layout}_parallel_size": 2},
+        limit_mm_per_prompt={"image": 2},
+        enforce_eager=True,
+        block_size=32,
+        max_model_len=1024,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=320,
+    ) as llm:
+        requests = [audio.request(text, images) for text, images in prompts]
+        outputs = llm.generate(requests, GREEDY, use_tqdm=False)
+        attended = llm.collective_rpc(image_rows_report)
+    row = "gemma4 + vision encoder, bidirectional"
+    column = "tp2" if layout == "tensor" else "pp2"
+    support_matrix.record(row, "Gemma4Backbone", **{column: "FAIL"})
+    assert_tokens(outputs, expected)
+    cell = "pass (full forward)" if layout == "tensor" else "pass, with images (full forward)"
+    support_matrix.record(row, "Gemma4Backbone", **{column: cell})
+    # Every worker's layers re-attended the batch's image rows both ways.
+    image_rows = sum(len(image_positions(preset, ids)) for ids, _ in expected)
+    for _, counts in attended:
+        assert counts and set(counts.values()) == {image_rows}
+
+
 # family -> (layers of a preset built for the case, or None for the shared
 # tiny preset's 2; what 2 stages of 2 ranks prove for it).
 TP_AND_PP_CASES = {
