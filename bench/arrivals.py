@@ -15,7 +15,10 @@ profiler gives each system's time per step in its matmul ops.
 
 Both systems compiled, float32, one thread, each in its own subprocess, on
 the same weights (SmolLM2-135M-Instruct and its Hugging Face export).
-Writes `bench/results/arrivals.json` and `arrivals.png`.
+`--packed-head` adds a what-if row, not what vllm-keras-hub serves: ours
+with the tied output head multiplying by a packed copy of the table
+beside it, as vLLM's own CPU models hold it. Writes
+`bench/results/arrivals.json` and `arrivals.png`.
 """
 
 import argparse
@@ -41,6 +44,23 @@ MATMUL_OPS = (
 )
 
 
+def _pack_tied_head(model):
+    # The what-if: the head's matmul on vLLM's packed GEMM over a second,
+    # packed copy of the table (the lookup keeps the table).
+    from vllm_keras_hub.layers import linear
+    from vllm_keras_hub.layers import tied_output
+
+    packs = {}
+
+    def packed_linear(inputs, weight, bias=None):
+        if weight.data_ptr() not in packs:
+            packs[weight.data_ptr()] = linear._pack(weight.t())
+        rows = packs[weight.data_ptr()](inputs.reshape(-1, inputs.shape[-1]))
+        return rows.reshape(*inputs.shape[:-1], rows.shape[-1])
+
+    tied_output.unpacked_linear = packed_linear
+
+
 def worker(system, preset, hf_folder, requests, runs):
     """Step times of `system` under staggered arrivals and in lockstep."""
     import torch
@@ -50,10 +70,12 @@ def worker(system, preset, hf_folder, requests, runs):
     kwargs = dict(
         dtype="float32", max_model_len=512, kv_cache_memory_bytes=1 << 30, seed=0
     )
-    if system == "keras_hub":
+    if system.startswith("keras_hub"):
         from vllm_keras_hub import KerasHubLLM
 
         llm = KerasHubLLM(f"keras_hub:{preset}", **kwargs)
+        if system == "keras_hub_packed_head":
+            llm.apply_model(_pack_tied_head)
     else:
         llm = vllm.LLM(hf_folder, **kwargs)
     engine = llm.llm_engine
@@ -119,6 +141,7 @@ def _median_of_runs(runs, kind):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--packed-head", action="store_true")
     parser.add_argument("--worker", nargs=3, metavar=("SYSTEM", "PRESET", "HF_FOLDER"))
     args = parser.parse_args()
     requests, runs = (12, 1) if args.quick else (40, 3)
@@ -135,30 +158,46 @@ def main():
     env = worker_env(1)
     preset, hf_folder, _ = _prepare_smollm2(env)
     results = {}
-    for system in ("keras_hub", "native"):
+    systems = ("keras_hub", "native") + (("keras_hub_packed_head",) if args.packed_head else ())
+    for system in systems:
         results[system] = worker_result.run(
             [sys.executable, __file__, "--worker", system, preset, hf_folder]
             + (["--quick"] if args.quick else []),
             env, 1800, system,
         )  # fmt: skip
+    def median_ms(system, kind):
+        if kind == "lockstep":
+            return statistics.median(results[system]["lockstep"])
+        return _median_of_runs(results[system]["staggered"], kind)
+
     rows = []
-    for kind in ("decode", "joining"):
-        ours = _median_of_runs(results["keras_hub"]["staggered"], kind)
-        native = _median_of_runs(results["native"]["staggered"], kind)
-        rows.append(dict(steps=f"staggered, {kind}", keras_hub_ms=ours, native_ms=native))
-    ours = statistics.median(results["keras_hub"]["lockstep"])
-    native = statistics.median(results["native"]["lockstep"])
-    rows.append(dict(steps="lockstep, decode", keras_hub_ms=ours, native_ms=native))
-    print(f"\n{'steps':22s} {'ours ms':>8s} {'native':>7s} {'speed vs native':>15s}")
-    for row in rows:
+    for kind, label in (
+        ("decode", "staggered, decode"),
+        ("joining", "staggered, joining"),
+        ("lockstep", "lockstep, decode"),
+    ):
+        row = {"steps": label}
+        for system in systems:
+            row[f"{system}_ms"] = median_ms(system, kind)
         row["ratio"] = row["native_ms"] / row["keras_hub_ms"]
-        print(f"{row['steps']:22s} {row['keras_hub_ms']:8.1f} {row['native_ms']:7.1f} "
-              f"{row['ratio']:14.2f}x")  # fmt: skip
+        if args.packed_head:
+            row["packed_head_ratio"] = row["native_ms"] / row["keras_hub_packed_head_ms"]
+        rows.append(row)
+    header = f"\n{'steps':22s} {'ours ms':>8s} {'native':>7s} {'speed vs native':>15s}"
+    print(header + ("  what-if, packed head" if args.packed_head else ""))
+    for row in rows:
+        line = (f"{row['steps']:22s} {row['keras_hub_ms']:8.1f} {row['native_ms']:7.1f} "
+                f"{row['ratio']:14.2f}x")  # fmt: skip
+        if args.packed_head:
+            line += (f"  {row['keras_hub_packed_head_ms']:6.1f} ms "
+                     f"({row['packed_head_ratio']:.2f}x)")  # fmt: skip
+        print(line)
     print("\nms a step in each op (staggered, under the profiler):")
     for op in (*MATMUL_OPS, "all ops"):
-        ours = results["keras_hub"]["profile_ms_per_step"][op]
-        native = results["native"]["profile_ms_per_step"][op]
-        print(f"  {op:32s} ours {ours:6.1f}  native {native:6.1f}")
+        cells = "  ".join(
+            f"{system} {results[system]['profile_ms_per_step'][op]:6.1f}" for system in systems
+        )
+        print(f"  {op:32s} {cells}")
     import json
 
     os.makedirs(RESULTS, exist_ok=True)
@@ -176,8 +215,16 @@ def main():
 
     fig, ax = plt.subplots(figsize=(6, 4))
     x = range(len(rows))
-    ax.bar([i - 0.2 for i in x], [r["keras_hub_ms"] for r in rows], 0.4, label="vllm-keras-hub")
-    ax.bar([i + 0.2 for i in x], [r["native_ms"] for r in rows], 0.4, label="vLLM native")
+    labels = {
+        "keras_hub": "vllm-keras-hub",
+        "native": "vLLM native",
+        "keras_hub_packed_head": "vllm-keras-hub, packed head (what-if)",
+    }
+    width = 0.8 / len(systems)
+    for n, system in enumerate(systems):
+        offset = (n - (len(systems) - 1) / 2) * width
+        ax.bar([i + offset for i in x], [r[f"{system}_ms"] for r in rows], width,
+               label=labels[system])  # fmt: skip
     ax.set_xticks(list(x), [r["steps"] for r in rows], fontsize=8)
     ax.set_ylabel("median ms per engine step (lower is better)")
     ax.set_title("SmolLM2-135M, 8 requests, compiled, float32, 1 thread")
