@@ -15,9 +15,7 @@ profiler gives each system's time per step in its matmul ops.
 
 Both systems compiled, float32, one thread, each in its own subprocess, on
 the same weights (SmolLM2-135M-Instruct and its Hugging Face export).
-`--packed-head` adds a what-if row, not what vllm-keras-hub serves: ours
-with the tied output head multiplying by a packed copy of the table
-beside it, as vLLM's own CPU models hold it. Writes
+Writes
 `bench/results/arrivals.json` and `arrivals.png`.
 """
 
@@ -39,26 +37,8 @@ NEW_TOKENS = 32
 # The ops our matmuls and native's run in (self time), by profiler name.
 MATMUL_OPS = (
     "_C::onednn_mm",
-    "mkldnn::_linear_pointwise",
     "vllm_keras_hub::onednn_linear",
 )
-
-
-def _pack_tied_head(model):
-    # The what-if: the head's matmul on vLLM's packed GEMM over a second,
-    # packed copy of the table (the lookup keeps the table).
-    from vllm_keras_hub.layers import linear
-    from vllm_keras_hub.layers import tied_output
-
-    packs = {}
-
-    def packed_linear(inputs, weight, bias=None):
-        if weight.data_ptr() not in packs:
-            packs[weight.data_ptr()] = linear._pack(weight.t())
-        rows = packs[weight.data_ptr()](inputs.reshape(-1, inputs.shape[-1]))
-        return rows.reshape(*inputs.shape[:-1], rows.shape[-1])
-
-    tied_output.unpacked_linear = packed_linear
 
 
 def worker(system, preset, hf_folder, requests, runs):
@@ -70,12 +50,10 @@ def worker(system, preset, hf_folder, requests, runs):
     kwargs = dict(
         dtype="float32", max_model_len=512, kv_cache_memory_bytes=1 << 30, seed=0
     )
-    if system.startswith("keras_hub"):
+    if system == "keras_hub":
         from vllm_keras_hub import KerasHubLLM
 
         llm = KerasHubLLM(f"keras_hub:{preset}", **kwargs)
-        if system == "keras_hub_packed_head":
-            llm.apply_model(_pack_tied_head)
     else:
         llm = vllm.LLM(hf_folder, **kwargs)
     engine = llm.llm_engine
@@ -141,7 +119,6 @@ def _median_of_runs(runs, kind):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--packed-head", action="store_true")
     parser.add_argument("--worker", nargs=3, metavar=("SYSTEM", "PRESET", "HF_FOLDER"))
     args = parser.parse_args()
     requests, runs = (12, 1) if args.quick else (40, 3)
@@ -158,7 +135,7 @@ def main():
     env = worker_env(1)
     preset, hf_folder, _ = _prepare_smollm2(env)
     results = {}
-    systems = ("keras_hub", "native") + (("keras_hub_packed_head",) if args.packed_head else ())
+    systems = ("keras_hub", "native")
     for system in systems:
         results[system] = worker_result.run(
             [sys.executable, __file__, "--worker", system, preset, hf_folder]
@@ -180,18 +157,12 @@ def main():
         for system in systems:
             row[f"{system}_ms"] = median_ms(system, kind)
         row["ratio"] = row["native_ms"] / row["keras_hub_ms"]
-        if args.packed_head:
-            row["packed_head_ratio"] = row["native_ms"] / row["keras_hub_packed_head_ms"]
         rows.append(row)
     header = f"\n{'steps':22s} {'ours ms':>8s} {'native':>7s} {'speed vs native':>15s}"
-    print(header + ("  what-if, packed head" if args.packed_head else ""))
+    print(header)
     for row in rows:
-        line = (f"{row['steps']:22s} {row['keras_hub_ms']:8.1f} {row['native_ms']:7.1f} "
-                f"{row['ratio']:14.2f}x")  # fmt: skip
-        if args.packed_head:
-            line += (f"  {row['keras_hub_packed_head_ms']:6.1f} ms "
-                     f"({row['packed_head_ratio']:.2f}x)")  # fmt: skip
-        print(line)
+        print(f"{row['steps']:22s} {row['keras_hub_ms']:8.1f} {row['native_ms']:7.1f} "
+              f"{row['ratio']:14.2f}x")  # fmt: skip
     print("\nms a step in each op (staggered, under the profiler):")
     for op in (*MATMUL_OPS, "all ops"):
         cells = "  ".join(
@@ -215,11 +186,7 @@ def main():
 
     fig, ax = plt.subplots(figsize=(6, 4))
     x = range(len(rows))
-    labels = {
-        "keras_hub": "vllm-keras-hub",
-        "native": "vLLM native",
-        "keras_hub_packed_head": "vllm-keras-hub, packed head (what-if)",
-    }
+    labels = {"keras_hub": "vllm-keras-hub", "native": "vLLM native"}
     width = 0.8 / len(systems)
     for n, system in enumerate(systems):
         offset = (n - (len(systems) - 1) / 2) * width

@@ -177,9 +177,9 @@ def test_tensor_parallel_greedy_parity(family, shared):
         rows, vocabulary = report["input_rows"]
         assert vocabulary / 2 <= rows < vocabulary
         assert report["lookup_is_head"] == report["tied"]
-        # One copy of the head: the table itself where it also looks up
-        # (float32 here), else only what vLLM's CPU GEMM packed.
-        copies = "one unpacked" if report["tied"] else "packed only"
+        # As vLLM's own CPU models hold the head: the table beside its packed
+        # copy where it also looks up, else the packed copy alone.
+        copies = "weight and packed" if report["tied"] else "packed only"
         assert report["head_copies"] == copies
         assert report["keras_table"] == 0
     # Per-head tensors: each rank has its own heads' values, in head order.

@@ -13,7 +13,8 @@ Keras's copy, so the weights are held once, in the packed layout (or,
 where vLLM's own layers fall back to torch's linear, in theirs). The
 layers' bias, activation, soft cap and output shape stay Keras's.
 
-A tied output embedding keeps its one table (`tied_output.py`).
+A tied output embedding keeps Keras's table for its lookup and projects on
+a packed copy beside it (`tied_output.py`).
 """
 
 import functools
@@ -286,8 +287,9 @@ def use_vllm_cpu_gemm(model, step):
     can no longer be read, so the model can serve but not train, save or be
     quantized.
 
-    A float32 tied ReversibleEmbedding keeps its one tensor and runs its
-    output projection on oneDNN over it; it is not counted as moved.
+    A tied ReversibleEmbedding keeps its table for the lookup and projects
+    on a packed copy beside it, as vLLM's own CPU models hold a tied head;
+    it is not counted as moved.
 
     Args:
         model: A built Keras model on the torch backend, on the CPU.
@@ -302,7 +304,7 @@ def use_vllm_cpu_gemm(model, step):
     for layer in model._flatten_layers(include_self=True):
         if not layer.built or hasattr(layer, "_packed_kernel"):
             continue
-        if tied_output.use_unpacked_linear(layer):
+        if tied_output.use_packed_head(layer, _pack):
             continue
         weight = matmul_weight(layer)
         if weight is None:

@@ -1,5 +1,7 @@
 """vLLM's CPU GEMM under KerasHub layers: Keras's results, one weight copy."""
 
+import functools
+
 import keras
 import pytest
 import torch
@@ -165,7 +167,10 @@ def test_untied_output_embedding_moves_and_tied_stays(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_tied_output_embedding_keeps_its_one_tensor(dtype):
+def test_tied_output_embedding_projects_on_a_packed_copy_beside_its_table(dtype):
+    """As vLLM's own CPU models hold a tied head: the lookup reads Keras's
+    table, and the output projection a copy vLLM's GEMM dispatch packs of
+    it, or, where the dispatch does not pack, the table itself."""
     keras.utils.set_random_seed(0)
     tied = keras.layers.ReversibleEmbedding(
         100, 16, logit_soft_cap=5.0, dtype=dtype
@@ -183,11 +188,26 @@ def test_tied_output_embedding_keeps_its_one_tensor(dtype):
     torch.testing.assert_close(actual[0], expected[0], rtol=tolerance, atol=tolerance)
     assert torch.equal(actual[1], expected[1])
     assert tied.embeddings.value is embeddings
-    # float32 runs on oneDNN; in bfloat16 aten's matmul already does.
-    on_onednn = any(
-        event.name == "mkldnn::_linear_pointwise" for event in profile.events()
-    )
-    assert on_onednn == (dtype == "float32")
+    ops_run = {event.name for event in profile.events()}
+    head = tied._packed_head
+    # vLLM packs float32 for oneDNN on every CPU; bfloat16 only with
+    # AVX-512 BF16 or AMX (where AMX's sgl-kernel may take it instead).
+    assert hasattr(head, "handler") or dtype == "bfloat16"
+    if hasattr(head, "handler"):
+        # A whole second copy, and the projection runs on it, not on
+        # aten's matmul over the table.
+        assert head.handler.k * head.handler.n == embeddings.numel()
+        assert "vllm_keras_hub::onednn_linear" in ops_run
+        assert not ops_run & {"aten::mm", "aten::matmul"}
+    elif not isinstance(head, functools.partial):
+        # vLLM keeps its weight for `F.linear` (as on this AVX2 machine),
+        # and that weight is Keras's table itself, not a copy.
+        held = [
+            cell.cell_contents
+            for cell in head.__closure__
+            if isinstance(cell.cell_contents, torch.Tensor)
+        ]
+        assert [t.data_ptr() for t in held] == [embeddings.data_ptr()]
 
 
 def test_compiled_matmuls_are_plain_nodes_on_vllms_onednn_kernel():

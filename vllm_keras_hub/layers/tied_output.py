@@ -1,32 +1,20 @@
-"""A float32 tied output embedding's projection on oneDNN, over its one table.
+"""A tied output embedding's projection on vLLM's CPU GEMM, beside its table.
 
-A tied `ReversibleEmbedding` is also the input embedding, so its table
-cannot move to a packed layout without a second copy, which vLLM's own
-CPU models do keep (`UnquantizedEmbeddingMethod` packs with
-`remove_weight=False`). Here it stays one tensor, and in float32 its
-output projection runs on oneDNN over that tensor instead of aten's matmul.
+A tied `ReversibleEmbedding` is also the input lookup, so Keras's table
+stays, and the output projection multiplies by a copy vLLM's CPU GEMM
+dispatch packs of it, as vLLM's own CPU models hold a tied head
+(`UnquantizedEmbeddingMethod` packs with `remove_weight=False`). Where the
+dispatch does not pack (bfloat16 without AVX-512 BF16 or AMX), its
+`F.linear` runs over the table itself and nothing is copied.
+
+One copy, multiplied unpacked on oneDNN, was tried and measured: at the 2
+to 12 rows a server's steps carry, SmolLM2's 49152 x 576 table took 1.2 to
+1.5x the packed copy's time (docs/decisions.md, "A tied head").
 """
 
-import torch
 from keras import ops
 
 _CLASSES = {}
-
-
-def unpacked_linear(inputs, weight, bias=None):
-    """`inputs @ weight.T` on oneDNN over an unpacked `(out, in)` tensor.
-
-    For a table that is also looked up, so it stays one tensor: aten's
-    float32 matmul is MKL's here; oneDNN on the same unpacked (vocab,
-    hidden) tensor took 27 ms instead of 38 ms for SmolLM2's 49152 x 576 at
-    32 rows (one thread). In bfloat16 aten already calls oneDNN. At 2 to 8
-    rows it takes up to 2x the time of vLLM's packed copy, which this does
-    not hold (docs/performance.md, "Serving over HTTP").
-    """
-    out = torch.ops.mkldnn._linear_pointwise(
-        inputs.reshape(-1, inputs.shape[-1]), weight, bias, "none", [], ""
-    )
-    return out.reshape(*inputs.shape[:-1], out.shape[-1])
 
 
 def soft_capped(layer, logits):
@@ -42,17 +30,20 @@ def soft_capped(layer, logits):
     return ops.multiply(ops.tanh(ops.divide(logits, soft_cap)), soft_cap)
 
 
-def use_unpacked_linear(layer):
-    """Runs a float32 tied `layer`'s output projection on `unpacked_linear`.
+def use_packed_head(layer, pack):
+    """Runs a tied `layer`'s output projection on a GEMM `pack` makes.
 
     Args:
         layer: Any Keras layer.
+        pack: `pack(matrix)` hands an `(in, out)` matrix to vLLM's CPU GEMM
+            dispatch and returns `matmul(rows)` (`linear._pack`).
 
     Returns:
-        Whether `layer` is such an embedding (and now runs so).
+        Whether `layer` is a tied output embedding (and now runs so).
     """
-    if not _is_float32_tied_output(layer):
+    if not _is_tied_output(layer):
         return False
+    layer._packed_head = pack(layer.embeddings.value.detach().t())
     cls = type(layer)
     if cls not in _CLASSES:
         _CLASSES[cls] = type(
@@ -67,19 +58,22 @@ def use_unpacked_linear(layer):
 def _call(self, inputs, reverse=False):
     if not reverse:
         return self._keras_layer_call(inputs)
-    return soft_capped(self, unpacked_linear(inputs, self.embeddings.value))
+    rows = inputs.reshape(-1, inputs.shape[-1])
+    if not rows.is_contiguous():
+        rows = rows.contiguous()
+    logits = self._packed_head(rows)
+    return soft_capped(self, logits.reshape(*inputs.shape[:-1], logits.shape[-1]))
 
 
-def _is_float32_tied_output(layer):
+def _is_tied_output(layer):
     from keras.layers import ReversibleEmbedding
 
     return (
         isinstance(layer, ReversibleEmbedding)
         and layer.tie_weights
         and layer.reverse_dtype is None
-        and layer.compute_dtype == "float32"
-        and layer.embeddings.dtype == "float32"
+        and layer.embeddings.dtype == layer.compute_dtype
+        and layer.embeddings.value.numel() > 0
         and getattr(layer, "quantization_mode", None) is None
         and not getattr(layer, "lora_enabled", False)
-        and torch.backends.mkldnn.is_available()
     )

@@ -108,31 +108,22 @@ def _load_rows(table, variable, axis, weights):
 def prepare_head(lm_head, looks_up):
     """Readies `lm_head`'s matmul once it is known whether it also looks up.
 
-    On the CPU, vLLM's embedding method keeps the weight beside the copy
-    its GEMM packs (`remove_weight=False`: a lookup needs the weight),
-    which for Gemma3 1B's table is 1.2 GB over one copy. A table that only
-    projects keeps the packed copy alone; a float32 table that also looks
-    up multiplies on oneDNN over its one unpacked tensor, as
-    `layers/linear.py` does at one rank. Elsewhere vLLM's own.
+    On the CPU, as vLLM's embedding method does: a table that also looks
+    up keeps its weight beside the copy the GEMM packs
+    (`remove_weight=False`), and one that only projects keeps the packed
+    copy alone. Elsewhere vLLM's own.
 
     Args:
         lm_head: The `ParallelLMHead` from `head`.
         looks_up: Whether it is also the input lookup (tied, first stage).
     """
-    import torch
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
     from vllm.platforms import current_platform
 
-    from vllm_keras_hub.layers.tied_output import unpacked_linear
-
-    if not current_platform.is_cpu():
-        lm_head.quant_method.process_weights_after_loading(lm_head)
-    elif not looks_up:
-        dispatch_cpu_unquantized_gemm(lm_head, remove_weight=True)
-    elif lm_head.weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
-        lm_head.cpu_linear = unpacked_linear
+    if current_platform.is_cpu():
+        dispatch_cpu_unquantized_gemm(lm_head, remove_weight=not looks_up)
     else:
-        dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
+        lm_head.quant_method.process_weights_after_loading(lm_head)
     # The layer's own method instance (`VocabParallelEmbedding` makes one).
     lm_head.quant_method.process_weights_after_loading = _processed
 

@@ -50,8 +50,9 @@ def rank_report(worker):
         `head`, the output head's vocabulary rows here and in all;
         `input_rows`, the same for the input lookup, `lookup_is_head`
         whether it is the head's table, `tied` whether the preset ties
-        them, `head_copies`, `"one unpacked"` or `"packed only"` (or
-        `"weight and packed"`, vLLM's default on the CPU), and
+        them, `head_copies`, `"weight and packed"` where the head also
+        looks up, else `"packed only"` (`"weight only"` where vLLM's CPU
+        GEMM dispatch does not pack), and
         `keras_table`, elements left in Keras's table;
         `sliced_kernels`, `(held, whole)` elements of each Keras kernel
         sliced in place (`layers/parallel_mlp.py`), held where it is now; `states`, what each
@@ -155,10 +156,10 @@ def kernel_elements(layer):
 
 
 def _head_copies(lm_head):
-    from vllm_keras_hub.layers.tied_output import unpacked_linear
+    from vllm_keras_hub.layers import onednn
 
-    if lm_head.cpu_linear is unpacked_linear:
-        return "one unpacked"
+    if onednn.handler(lm_head.cpu_linear) is None:
+        return "weight only"
     if lm_head.weight.numel() == 0:
         return "packed only"
     return "weight and packed"
