@@ -8,8 +8,8 @@ dispatch does not pack (bfloat16 without AVX-512 BF16 or AMX), its
 `F.linear` runs over the table itself and nothing is copied.
 
 One copy, multiplied unpacked on oneDNN, was tried and measured: at the 2
-to 12 rows a server's steps carry, SmolLM2's 49152 x 576 table took 1.2 to
-1.5x the packed copy's time (docs/decisions.md, "A tied head").
+to 12 rows a server's steps carry, SmolLM2's 49152 x 576 table took 1.6 to
+2.4x the packed copy's time (`bench/head.py`; docs/decisions.md).
 """
 
 from keras import ops
