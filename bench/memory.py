@@ -3,6 +3,7 @@
     .venv/bin/python bench/memory.py                 # both systems, eager
     .venv/bin/python bench/memory.py --compiled      # vLLM's default mode
     .venv/bin/python bench/memory.py --tensor-parallel-size 2  # 1 and 2 ranks
+    .venv/bin/python bench/memory.py --pipeline-parallel-size 2  # 1 and 2 stages
 
 A random-weight Gemma3 of `gemma3_instruct_1b`'s shape (26 layers, hidden
 1152, 4 query heads and 1 KV head of 256, MLP 6912, sliding window 512, the
@@ -23,6 +24,8 @@ rank's worker peak while starting against the one worker's. The KV
 cache is per worker, so with a small one (`--kv-cache-gib 0.25`) the
 peak is mostly the weights. Writes
 `bench/results/memory-tpN.json` and a plot beside it.
+`--pipeline-parallel-size N` does the same with N stages of 13 layers
+(for N = 2), writing `memory-ppN.json`.
 """
 
 import argparse
@@ -89,7 +92,7 @@ def make_weights(root):
     return preset, hf
 
 
-def worker(system, preset, hf, compiled, ranks=1, kv_cache_gib=2.0):
+def worker(system, preset, hf, compiled, ranks=1, kv_cache_gib=2.0, layout="tensor"):
     import vllm
     from vllm.inputs import TokensPrompt
 
@@ -98,7 +101,7 @@ def worker(system, preset, hf, compiled, ranks=1, kv_cache_gib=2.0):
     kwargs = dict(
         dtype="float32", max_model_len=512, seed=0,
         kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
-        enforce_eager=not compiled, tensor_parallel_size=ranks,
+        enforce_eager=not compiled, **{f"{layout}_parallel_size": ranks},
     )  # fmt: skip
     rng = random.Random(0)
     prompts = [
@@ -151,6 +154,7 @@ def main():
     parser.add_argument("--systems", default="keras_hub,native")
     parser.add_argument("--worker")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--pipeline-parallel-size", type=int, default=1)
     parser.add_argument("--kv-cache-gib", type=float, default=2.0)
     args = parser.parse_args()
     from vllm_keras_hub import backend
@@ -161,9 +165,9 @@ def main():
     root = os.path.join(default_cache_dir(), "bench", "memory-gemma3-1b")
     if args.worker:
         preset, hf = os.path.join(root, "keras_hub"), os.path.join(root, "hf")
+        layout, ranks = _layout(args)
         worker_result.emit(
-            worker(args.worker, preset, hf, args.compiled, args.tensor_parallel_size,
-                   args.kv_cache_gib)  # fmt: skip
+            worker(args.worker, preset, hf, args.compiled, ranks, args.kv_cache_gib, layout)
         )
         return
     from bench.run import worker_env
@@ -174,7 +178,7 @@ def main():
         [sys.executable, "-c", f"from bench.memory import make_weights; make_weights({root!r})"],
         check=True, env={**env, "PYTHONPATH": ROOT}, cwd=ROOT,
     )  # fmt: skip
-    if args.tensor_parallel_size > 1:
+    if _layout(args)[1] > 1:
         _compare_ranks(args, env)
         return
     results = {}
@@ -192,9 +196,17 @@ def main():
     _write(name, dict(results=results), args)
 
 
+def _layout(args):
+    # `(layout, ranks)`: "tensor" or "pipeline", and how many.
+    if args.pipeline_parallel_size > 1:
+        return "pipeline", args.pipeline_parallel_size
+    return "tensor", args.tensor_parallel_size
+
+
 def _run(system, args, env, ranks):
+    layout = _layout(args)[0]
     argv = [sys.executable, __file__, "--worker", system,
-            "--tensor-parallel-size", str(ranks),
+            f"--{layout}-parallel-size", str(ranks),
             "--kv-cache-gib", str(args.kv_cache_gib)]  # fmt: skip
     if args.compiled:
         argv.append("--compiled")
@@ -205,11 +217,12 @@ def _run(system, args, env, ranks):
 
 def _compare_ranks(args, env):
     """Each system at 1 rank and at N: each rank's worker peak while starting."""
-    ranks = args.tensor_parallel_size
+    layout, ranks = _layout(args)
+    tag = {"tensor": "tp", "pipeline": "pp"}[layout]
     results, ratios = {}, {}
     for system in args.systems.split(","):
-        one = results[f"{system}_tp1"] = _run(system, args, env, 1)
-        many = results[f"{system}_tp{ranks}"] = _run(system, args, env, ranks)
+        one = results[f"{system}_{tag}1"] = _run(system, args, env, 1)
+        many = results[f"{system}_{tag}{ranks}"] = _run(system, args, env, ranks)
         (single,) = one["start_worker_peak_mb"].values()
         per_rank = sorted(many["start_worker_peak_mb"].items())
         ratios[system] = {title: peak / single for title, peak in per_rank}
@@ -220,13 +233,13 @@ def _compare_ranks(args, env):
         print(f"{system:10s} same tokens at 1 and {ranks} ranks:",
               one["tokens"] == many["tokens"])  # fmt: skip
     if {"keras_hub", "native"} <= set(ratios):
-        ours = results[f"keras_hub_tp{ranks}"]
-        native = results[f"native_tp{ranks}"]
+        ours = results[f"keras_hub_{tag}{ranks}"]
+        native = results[f"native_{tag}{ranks}"]
         print(f"throughput at {ranks} ranks: {ours['tok_s'] / native['tok_s']:.3f}x native")
         print("same tokens as native:", ours["tokens"] == native["tokens"])
-    name = f"memory-tp{ranks}"
+    name = f"memory-{tag}{ranks}"
     _write(f"{name}.json", dict(results=results, worker_peak_vs_one_rank=ratios), args)
-    _plot(results, ranks, os.path.join(RESULTS, f"{name}.png"))
+    _plot(results, f"{ranks} {layout}-parallel workers", os.path.join(RESULTS, f"{name}.png"))
 
 
 def _write(name, fields, args):
@@ -238,7 +251,7 @@ def _write(name, fields, args):
                        date=time.strftime("%Y-%m-%d %H:%M")), f)  # fmt: skip
 
 
-def _plot(results, ranks, path):
+def _plot(results, layout, path):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -253,7 +266,7 @@ def _plot(results, ranks, path):
     ax.bar(range(len(labels)), peaks)
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
     ax.set_ylabel("worker peak RSS while starting (GiB)")
-    ax.set_title(f"Gemma3-1B shape, float32: 1 rank against {ranks}")
+    ax.set_title(f"Gemma3-1B shape, float32: 1 worker against {layout}")
     fig.tight_layout()
     fig.savefig(path)
 

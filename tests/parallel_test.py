@@ -674,33 +674,38 @@ def _headless_node(command, tmp_path):
         end_process_group(node1)
 
 
-def test_two_nodes_on_loopback_give_generates_tokens(shared, tmp_path):
-    """`serve --tensor-parallel-size 2` through the official `openai` client,
-    its 2 ranks in 2 vLLM nodes (`--nnodes 2`) on 127.0.0.1.
+@pytest.mark.parametrize("layout", ["tensor", "pipeline"])
+def test_two_nodes_on_loopback_give_generates_tokens(layout, shared, tmp_path):
+    """`serve --tensor-parallel-size 2`, or `--pipeline-parallel-size 2`,
+    through the official `openai` client, its 2 ranks in 2 vLLM nodes
+    (`--nnodes 2`) on 127.0.0.1.
 
     Node 1 runs headless (engine only); node 0 serves the API. The ranks
     are in different nodes, so vLLM's shared-memory communicator stands
-    down and they all-reduce over gloo and TCP, as on two machines. Gemma3:
-    per-head q/k norms, sliding and global layers.
+    down and they all-reduce, or hand a stage's hidden states on, over gloo
+    and TCP, as on two machines. Gemma3: per-head q/k norms, sliding and
+    global layers.
     """
     preset = shared.preset("gemma3")
     expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS)
     model = f"keras_hub:{preset}"
     port, master_port = free_port(), free_port()
     common = (
-        "--tensor-parallel-size", "2", "--nnodes", "2",
+        f"--{layout}-parallel-size", "2", "--nnodes", "2",
         "--master-addr", "127.0.0.1", "--master-port", str(master_port),
         "--max-model-len", "256", "--dtype", "float32", "--enforce-eager",
     )  # fmt: skip
+    cell = {"tensor": "tp2", "pipeline": "pp2"}[layout]
     command = serve_command(model, *common, "--node-rank", "0", "--port", str(port))
     with _headless_node(serve_command(model, *common, "--node-rank", "1"), tmp_path) as log:
         env = user_env(VLLM_CPU_OMP_THREADS_BIND="0")
-        support_matrix.record("gemma3", TINY_FAMILIES["gemma3"][1], tp2="FAIL")
+        support_matrix.record("gemma3", TINY_FAMILIES["gemma3"][1], **{cell: "FAIL"})
         with running_server(command, port, env=env, model_name=model) as (base_url, _):
             assert_served_greedy(base_url, model, PROMPTS, expected, MAX_NEW_TOKENS)
-    assert "SHM communicator disabled" in log.read_text(), log.read_text()[-3000:]
+    text = log.read_text()
+    assert f"SHM communicator disabled for group {cell[:2]}" in text, text[-3000:]
     support_matrix.record(
-        "gemma3", TINY_FAMILIES["gemma3"][1], tp2="pass (also server, 2 nodes)"
+        "gemma3", TINY_FAMILIES["gemma3"][1], **{cell: "pass (also server, 2 nodes)"}
     )
 
 
