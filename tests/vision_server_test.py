@@ -1,10 +1,11 @@
 """Images through `vllm-keras-hub serve` and the official `openai` client.
 
 A real server process for each family's tiny vision preset (Gemma3, Gemma3n,
-and Gemma4 with bidirectional image attention; `vision*_test.py` prove the
-offline engine). The served tokens of a chat message with a data-URI image
-equal the oracle's on the prompt the family's chat format renders: the
-preset's own `generate()`, or Gemma4's full forward. Gemma3n's preset takes
+Gemma4 with bidirectional image attention, and Qwen3.5 with M-RoPE;
+`vision*_test.py` prove the offline engine). The served tokens of a chat
+message with a data-URI image equal the oracle's on the prompt the family's
+chat format renders: the preset's own `generate()`, or Gemma4's and
+Qwen3.5's full forward. Gemma3n's preset takes
 audio too, as the published ones do: WAV, FLAC and MP3 clips; Gemma4's
 takes video, as every published one does: an MPEG-4 `video_url`. Bad
 image, audio and video requests
@@ -22,6 +23,7 @@ from vllm_keras_hub.testing import audio
 from vllm_keras_hub.testing.image_oracle import gemma4_full_forward_with_images
 from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
 from vllm_keras_hub.testing.images import IMAGES
+from vllm_keras_hub.testing.mrope_oracle import qwen3_5_full_forward_with_images
 from vllm_keras_hub.testing.server import free_port
 from vllm_keras_hub.testing.server import running_server
 from vllm_keras_hub.testing.server import serve_command
@@ -51,6 +53,14 @@ FAMILIES = {
         dict(bidirectional=True, video=True),
         gemma4_full_forward_with_images,
     ),
+    "qwen3_5": (
+        # Qwen3.5's official template keeps text parts as they are, and
+        # opens a thought.
+        "<|im_start|>user\nWhat is in <|vision_start|><|image_pad|><|vision_end|> "
+        "this picture?<|im_end|>\n<|im_start|>assistant\n<think>\n",
+        {},
+        qwen3_5_full_forward_with_images,
+    ),
 }
 
 # Families whose presets take audio (Gemma3n's) or video (Gemma4's) too,
@@ -71,6 +81,10 @@ SYSTEM_PROMPTS = {
     "gemma4": (
         "<|turn>system\nBe brief. <turn|>\n<|turn>user\nHello there<turn|>\n"
         "<|turn>model\n<|channel>thought\n<channel|>"
+    ),
+    "qwen3_5": (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello there<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n"
     ),
 }
 

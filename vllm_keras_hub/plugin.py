@@ -42,8 +42,9 @@ def register():
         ModelRegistry.register_model(
             embedder.EMBEDDING_ARCHITECTURE, EMBEDDING_ARCHITECTURE_CLASS
         )
-    for architecture in config.VISION_ARCHITECTURES.values():
-        module = "prefix_lm" if architecture == config.PREFIX_LM_ARCHITECTURE else "vision"
+    modules = {config.PREFIX_LM_ARCHITECTURE: "prefix_lm", config.MROPE_ARCHITECTURE: "mrope"}
+    for architecture in set(config.VISION_ARCHITECTURES.values()):
+        module = modules.get(architecture, "vision")
         if architecture not in supported:
             ModelRegistry.register_model(
                 architecture, f"vllm_keras_hub.models.{module}:{architecture}"

@@ -21,7 +21,11 @@ VISION_ARCHITECTURES = {
     "Gemma3nBackbone": "KerasHubGemma3nVisionForCausalLM",
     "Gemma4Backbone": "KerasHubGemma4VisionForCausalLM",
     "PaliGemmaBackbone": "KerasHubPaliGemmaForCausalLM",
+    "Qwen3_5Backbone": "KerasHubQwen3_5VisionForCausalLM",
+    "Qwen3_5MoeBackbone": "KerasHubQwen3_5VisionForCausalLM",
 }
+# The one whose images are placed by M-RoPE positions (`models/mrope.py`).
+MROPE_ARCHITECTURE = "KerasHubQwen3_5VisionForCausalLM"
 # The one whose prompts are prefixes, image first (`models/prefix_lm.py`).
 PREFIX_LM_ARCHITECTURE = "KerasHubPaliGemmaForCausalLM"
 # Its tokenizer modes, by the folder's own: the same tokenizer, with a
@@ -64,6 +68,9 @@ class KerasHubConfig(PretrainedConfig):
     """
 
     model_type = MODEL_TYPE
+    # M-RoPE's fields (`export/image_format.py`), as transformers' own
+    # Qwen3.5 config lets them through its RoPE validation.
+    ignore_keys_at_rope_validation = {"mrope_section", "mrope_interleaved"}
 
     def __init__(
         self,

@@ -19,6 +19,7 @@ processor (`multimodal.py`) and the model class (`vision.py`):
   sliding window.
 """
 
+from vllm_keras_hub.export.hf_config import MROPE_ARCHITECTURE
 from vllm_keras_hub.export.hf_config import VISION_ARCHITECTURES
 from vllm_keras_hub.export.hf_config import read_media_format
 
@@ -47,6 +48,8 @@ def image_fields(preset, backbone_class, backbone_config, tokenizer):
     architecture = VISION_ARCHITECTURES.get(backbone_class)
     if backbone_class == "PaliGemmaBackbone":
         return _prefix_lm_fields(preset, architecture, backbone_config, tokenizer)
+    if architecture == MROPE_ARCHITECTURE:
+        return _mrope_fields(preset, architecture, backbone_config, tokenizer)
     has_encoder = backbone_config.get("vision_encoder") or backbone_config.get(
         "vision_encoder_config"
     )
@@ -132,6 +135,48 @@ def _prefix_lm_fields(preset, architecture, backbone_config, tokenizer):
         window=window,
     )
     return dict(architectures=[architecture], keras_hub_image=image)
+
+
+def _mrope_fields(preset, architecture, backbone_config, tokenizer):
+    """Qwen3.5: `<|image_pad|>` expands to one per merged patch of its image.
+
+    The prompt (its chat template) writes `<|vision_start|><|image_pad|>
+    <|vision_end|>`, and `Qwen3_5CausalLMPreprocessor` repeats the pad once
+    per soft token, which varies with the image's size. The most an image
+    takes is the converter's largest square (`max_pixels`), as vLLM's own
+    Qwen3.5 bounds it; M-RoPE positions (`rope_parameters`, which vLLM reads
+    to hand the model 3 position rows) place each soft token by its row and
+    column.
+    """
+    import math
+
+    converter = _converter(preset)
+    if (
+        not backbone_config.get("vision_encoder")
+        or converter is None
+        or getattr(tokenizer, "image_token_id", None) is None
+    ):
+        return {}
+    side = int(math.isqrt(int(converter.max_pixels)))
+    stride = converter.patch_size * converter.spatial_merge_size
+    image = dict(
+        placeholder=tokenizer.image_token,
+        start_token=None,
+        image_token=tokenizer.image_token,
+        end_token=None,
+        newlines="",
+        tokens_per_image=(side // stride) ** 2,
+        image_size=side,
+        bidirectional=None,
+        window=None,
+    )
+    fields = dict(architectures=[architecture], keras_hub_image=image)
+    section = backbone_config.get("mrope_section")
+    if section:
+        fields["rope_parameters"] = dict(
+            rope_type="default", mrope_section=list(section), mrope_interleaved=True
+        )
+    return fields
 
 
 # Every field above: a folder exported before some of them were written

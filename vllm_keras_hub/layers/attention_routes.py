@@ -11,10 +11,13 @@ Each takes `(layer, hidden_states, positions)`, positions shaped
 import functools
 
 from keras import ops
+from keras_hub.src.models.qwen3_5.qwen3_5_attention import _apply_mrope
 from keras_hub.src.models.smollm3.smollm3_utils import apply_rotary_pos_emb
 from keras_hub.src.utils.keras_utils import fused_attention_op_available
 from keras_hub.src.vllm.attention import vllm_paged_attention
 from keras_hub.src.vllm.context import get_vllm_context
+
+from vllm_keras_hub.layers import step
 
 
 def paged_attention(
@@ -174,9 +177,31 @@ def qwen3_5(layer, hidden_states, positions):
     # `Qwen3_5Attention` (Qwen3.5's full-attention layers): the query
     # projection carries a per-head output gate beside each head's query;
     # q/k RMSNorm, then RoPE on the first `rotary_dim` features only. The
-    # window as for Qwen3 (`unfused_window`).
-    def rotate(x):
-        return partial_rotary(layer.rotary_embedding_layer, x, layer.rotary_dim, positions)
+    # window as for Qwen3 (`unfused_window`). Where the step has M-RoPE
+    # positions (images: `models/mrope.py`), the layer's own `_apply_mrope`
+    # at them, as `_apply_partial_rope` with `position_ids`.
+    mrope = step.current().mrope_positions
+    if mrope is not None and layer.mrope_section is not None:
+        # KerasHub's channels: (text, temporal, height, width), the first
+        # unused; each token a batch row of one.
+        position_ids = ops.stack([mrope[0], mrope[0], mrope[1], mrope[2]], axis=1)[..., None]
+
+        def rotate(x):
+            rotary_dim = layer.rotary_dim
+            rotated = _apply_mrope(
+                x[..., :rotary_dim],
+                layer.rotary_embedding_layer,
+                position_ids,
+                layer.mrope_section,
+                rotary_dim,
+            )
+            return ops.concatenate([rotated, x[..., rotary_dim:]], axis=-1)
+    else:
+
+        def rotate(x):
+            return partial_rotary(
+                layer.rotary_embedding_layer, x, layer.rotary_dim, positions
+            )
 
     query_and_gate = layer._query_dense(hidden_states)
     query = rotate(layer._query_norm(query_and_gate[..., : layer.head_dim]))

@@ -32,6 +32,9 @@ class Step:
             (PaliGemma's prefixes).
         aux_hidden: The step's EAGLE-3 aux hidden states, appended by the
             tapped transformer layers in layer order (`eagle3.py`), or `None`.
+        mrope_positions: `(3, num_tokens)` M-RoPE positions (temporal,
+            height, width) of a model that takes them (`models/mrope.py`),
+            or `None`.
     """
 
     experts: object = None
@@ -42,6 +45,7 @@ class Step:
     image_spans: dict = dataclasses.field(default_factory=dict)
     spans_end_prompts: bool = False
     aux_hidden: list = None
+    mrope_positions: object = None
 
 
 _STEP = Step()

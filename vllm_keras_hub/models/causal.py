@@ -385,7 +385,10 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle3):
 
         Args:
             input_ids: `(num_tokens,)` token ids of all scheduled requests.
-            positions: `(num_tokens,)` absolute position of each token.
+            positions: `(num_tokens,)` absolute position of each token, or
+                `(3, num_tokens)` M-RoPE positions (`mrope.py`), which the
+                attention routes read from the step; the rest of the step
+                sees their first row.
             intermediate_tensors: The previous stage's `hidden_states`, on
                 every stage but the first.
             inputs_embeds: `(num_tokens, hidden_size)` embeddings in place
@@ -402,6 +405,9 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle3):
         hidden = inputs_embeds
         if not self.stage.first:
             hidden = intermediate_tensors["hidden_states"]
+        mrope = None
+        if positions.ndim == 2:
+            mrope, positions = positions, positions[0]
         routed, experts_routed, states_routed = [], [], []
         aux = [] if self.model.aux_hidden_state_layers else None
 
@@ -433,7 +439,11 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle3):
                 kv_caches=self.attention,
             ),
             step.scope(
-                experts=experts, states=state_step, rotary_rows={}, aux_hidden=aux
+                experts=experts,
+                states=state_step,
+                rotary_rows={},
+                aux_hidden=aux,
+                mrope_positions=mrope,
             ),
         ):
             hidden_states = self.stage.packed_forward(input_ids, positions, hidden)

@@ -11,7 +11,7 @@ parts and no Hugging Face processor:
   (Gemma3, Gemma3n: `\\n\\n<start_of_image>` + one soft token per
   embedding + `<end_of_image>\\n\\n`, the newlines merged with the text
   around them as KerasHub's tokenizer merges them; Gemma4: `<|image>` +
-  `<|image|>` per embedding + `<image|>`) (`expand_placeholders`);
+  `<|image|>` per embedding + `<image|>`) (`placeholders.py`);
 - vLLM's encoder cache, multimodal prefix-cache hashing and scheduler see
   each image as the span of its soft tokens.
 Audio clips (Gemma3n, Gemma4) go the same way: vLLM decodes and resamples
@@ -39,6 +39,12 @@ from vllm.multimodal.processing.processor import BaseProcessingInfo
 from vllm.multimodal.processing.processor import PromptReplacement
 from vllm.multimodal.processing.processor import PromptUpdateDetails
 
+from vllm_keras_hub.models.patches import image_count
+from vllm_keras_hub.models.patches import merges_patches
+from vllm_keras_hub.models.patches import to_patches
+from vllm_keras_hub.models.placeholders import expand_placeholders
+from vllm_keras_hub.models.placeholders import media_span
+from vllm_keras_hub.models.placeholders import soft_token
 from vllm_keras_hub.vllm_fixes.audio_integer_samples import scale_integer_samples
 
 # The front end decodes clips where this processor runs, before it runs.
@@ -72,6 +78,8 @@ def to_pixels(preset, images):
     from keras import ops
 
     converter = _image_converter(preset)
+    if merges_patches(converter):
+        return to_patches(converter, images)
     rows = []
     for image in images:
         pixels = np.asarray(image.convert("RGB"), "float32")
@@ -89,99 +97,6 @@ def _cuts_patches(converter):
     from keras_hub.src.models.gemma4.gemma4_image_converter import Gemma4ImageConverter
 
     return isinstance(converter, Gemma4ImageConverter)
-
-
-def soft_token(media):
-    """The soft token of an image, audio or video format, and the most
-    tokens an item takes."""
-    if "video_token" in media:
-        return media["video_token"], media["tokens_per_video"]
-    if "audio_token" in media:
-        return media["audio_token"], media["tokens_per_clip"]
-    return media["image_token"], media["tokens_per_image"]
-
-
-def media_span(vocab, media, count=None):
-    """The token ids one item's placeholder expands to, newlines aside.
-
-    Args:
-        vocab: The tokenizer's vocabulary.
-        media: An image or audio format.
-        count: The item's soft tokens, where they vary by item (Gemma4's
-            clips); by default the format's count.
-    """
-    token, most = soft_token(media)
-    count = most if count is None else count
-    return [vocab[media["start_token"]]] + [vocab[token]] * count + [vocab[media["end_token"]]]
-
-
-def expand_placeholders(token_ids, tokenizer, spans):
-    """The prompt's ids with each media placeholder expanded as KerasHub does.
-
-    KerasHub replaces each placeholder in the prompt's text, then tokenizes
-    the result whole (e.g. `Gemma3CausalLMPreprocessor`), so the expansion's
-    newlines merge with the text around them. Special tokens are split
-    points of both tokenizers, so each stretch of text between two of them
-    is decoded, given its newlines and encoded again, and special tokens
-    (the start token, turn markers) are kept as they are. Without newlines
-    (Gemma4), the text is left as it was tokenized.
-
-    Args:
-        token_ids: The prompt's token ids.
-        tokenizer: vLLM's tokenizer of the preset.
-        spans: For each placeholder's token id, each item's `(before, ids,
-            after)`, in the order the prompt's placeholders take them:
-            its span's ids (`media_span`, `video.video_span`), and the text
-            KerasHub writes around them (the format's newlines; a video's
-            first timestamp).
-
-    Returns:
-        The expanded token ids.
-
-    Raises:
-        ValueError: the prompt has more placeholders of a modality than
-            items of it.
-    """
-    unused = {token: iter(items) for token, items in spans.items()}
-
-    def span(token):
-        item = next(unused[token], None)
-        if item is None:
-            placeholder = tokenizer.decode([token])
-            raise ValueError(
-                f"The prompt has more {placeholder} placeholders than the "
-                f"request's {len(spans[token])} item(s) of that kind."
-            )
-        return item
-
-    if not any(before or after for items in spans.values() for before, _, after in items):
-        new_ids = []
-        for token in token_ids:
-            new_ids += span(token)[1] if token in spans else [token]
-        return new_ids
-    atomic = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
-    pieces, run = [], []
-    for token in [*token_ids, None]:
-        if token is not None and token not in atomic:
-            run.append(token)
-            continue
-        if run:
-            pieces.append(tokenizer.decode(run, skip_special_tokens=False))
-            run = []
-        if token in spans:
-            pieces += list(span(token))
-        elif token is not None:
-            pieces.append([token])
-    new_ids, text = [], ""
-    for piece in [*pieces, []]:
-        if isinstance(piece, str):
-            text += piece
-            continue
-        if text:
-            new_ids += tokenizer.encode(text, add_special_tokens=False)
-            text = ""
-        new_ids += piece
-    return new_ids
 
 
 def clip_count(audio, fields):
@@ -341,6 +256,10 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
         outputs = {}
         if hf_data.get("images"):
             outputs.update(to_pixels(preset, hf_data["images"]))
+            if "image_grid_thw" in outputs:
+                merge = _image_converter(preset).spatial_merge_size
+                for grid in outputs["image_grid_thw"]:
+                    image_count(self.info.image, grid, merge)  # Raises for one too big.
         if hf_data.get("audio"):
             for clip in hf_data["audio"]:
                 clip_tokens(self.info.audio, len(clip))  # Raises for a clip too short.
@@ -357,13 +276,19 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
                 return "audio"
             return "video" if key.startswith("video_") else "image"
 
-        return {key: MultiModalFieldConfig.batched(modality(key)) for key in hf_inputs}
+        fields = {key: MultiModalFieldConfig.batched(modality(key)) for key in hf_inputs}
+        if "image_grid_thw" in hf_inputs:
+            # Qwen3.5's images: a varying number of patches each.
+            sizes = hf_inputs["image_grid_thw"].prod(-1)
+            fields["pixel_values"] = MultiModalFieldConfig.flat_from_sizes("image", sizes)
+        return fields
 
     def _get_prompt_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs):
         from vllm_keras_hub.models.video import video_span
 
         tokenizer = self.info.get_tokenizer()
         vocab = tokenizer.get_vocab()
+        preset = self.info.get_hf_config().keras_hub_preset
         updates = []
         for modality, media in self.info.formats.items():
 
@@ -371,8 +296,12 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
                 if modality == "video":
                     return video_span(tokenizer, media, out_mm_kwargs["video"][index])
                 count = None
+                item = out_mm_kwargs[modality][index]
                 if modality == "audio":
-                    count = clip_count(media, out_mm_kwargs["audio"][index])
+                    count = clip_count(media, item)
+                elif "image_grid_thw" in item:
+                    merge = _image_converter(preset).spatial_merge_size
+                    count = image_count(media, item["image_grid_thw"].data, merge)
                 return PromptUpdateDetails.select_token_id(
                     media_span(vocab, media, count), vocab[soft_token(media)[0]]
                 )

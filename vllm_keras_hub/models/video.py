@@ -15,7 +15,7 @@ keeps and converts the frames (`to_frames`), and the span is written from
 the processed fields (`video_span`), which vLLM's processor cache keeps.
 The span's first timestamp is text that KerasHub tokenizes with the
 prompt's text before it, so it travels beside the span's ids as text
-(`VideoSpan.lead`) and is merged there (`multimodal.expand_placeholders`).
+(`VideoSpan.lead`) and is merged there (`placeholders.expand_placeholders`).
 """
 
 import dataclasses

@@ -238,4 +238,16 @@ def _gemma4_images(tokenizer, bidirectional=False, audio=False):
     )
 
 
-IMAGES = {"gemma3n": _gemma3n_images, "gemma4": _gemma4_images}
+def _qwen3_5_images(tokenizer):
+    # As published: M-RoPE over the rotary half of each attention head in
+    # interleaved sections (published [11, 11, 10] of 64 features; here
+    # [3, 3, 2] of 16), so an image token's height and width rotate
+    # features of their own.
+    return dict(
+        _qwen3_5_vision_encoder(tokenizer.vocabulary_size()),
+        partial_rotary_factor=0.5,
+        mrope_section=[3, 3, 2],
+    )
+
+
+IMAGES = {"gemma3n": _gemma3n_images, "gemma4": _gemma4_images, "qwen3_5": _qwen3_5_images}

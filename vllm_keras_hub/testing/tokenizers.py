@@ -374,13 +374,17 @@ def tiny_sentencepiece_proto(
     return model.getvalue()
 
 
+# Qwen3.5's vision tokens, for presets served with images.
+QWEN3_5_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+
 def make_tokenizer(family, images=False, chat=False, audio=False):
     """A KerasHub tokenizer of `family` built from the tiny assets.
 
     Args:
         family: One of `FAMILIES`, or `"phi3"`.
         images: With the family's image tokens, where its text tokenizer
-            has none (Gemma4).
+            has none (Gemma4, Qwen3.5).
         chat: With the family's tool-calling and thinking tokens
             (`CHAT_TOKENS`).
         audio: With the family's audio tokens, where its image tokenizer
@@ -413,10 +417,13 @@ def make_tokenizer(family, images=False, chat=False, audio=False):
         "gpt_oss": keras_hub.tokenizers.GptOssTokenizer,
     }
     chat_tokens = CHAT_TOKENS[family] if chat else ()
+    if family == "qwen3_5" and images:
+        bpe_classes[family] = keras_hub.tokenizers.Qwen3_5Tokenizer
+        chat_tokens += QWEN3_5_VISION_TOKENS
     if family in bpe_classes:
         special_tokens = _BPE_SPECIAL_TOKENS[family] + chat_tokens
         vocabulary, merges = tiny_bpe_vocabulary_and_merges(special_tokens)
-        kwargs = {"unsplittable_tokens": list(special_tokens)} if chat else {}
+        kwargs = {"unsplittable_tokens": list(special_tokens)} if chat_tokens else {}
         return bpe_classes[family](vocabulary=vocabulary, merges=merges, **kwargs)
     if family == "gemma":
         proto = tiny_sentencepiece_proto(

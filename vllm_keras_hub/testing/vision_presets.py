@@ -18,6 +18,17 @@ def _image_converter(family, size):
 
     # Pixels to [-1, 1].
     rescale = dict(scale=1 / 127.5, offset=-1.0)
+    if family == "qwen3_5":
+        from keras_hub.src.models.qwen3_5.qwen3_5_image_converter import (
+            Qwen3_5ImageConverter,
+        )
+
+        # Patches of 8 pixels merged 2x2, so one soft token per 16x16
+        # pixels; up to 96x96 pixels (36 soft tokens), as published up to
+        # 4096x4096.
+        return Qwen3_5ImageConverter(
+            patch_size=8, min_pixels=256, max_pixels=96 * 96, **rescale
+        )
     if family == "gemma4":
         return Gemma4ImageConverter(patch_size=8, **rescale)
     converter = {"gemma3": Gemma3ImageConverter, "gemma3n": Gemma3nImageConverter}
@@ -42,7 +53,7 @@ def build_tiny_vision_preset(
 
     Args:
         directory: Where to save; created if missing.
-        family: `"gemma3"`, `"gemma3n"` or `"gemma4"`.
+        family: `"gemma3"`, `"gemma3n"`, `"gemma4"` or `"qwen3_5"`.
         seed: Weight initialisation seed.
         image_weight: Gemma3 only: factor on the encoder's output
             projection. Gemma3 scales text embeddings by sqrt(hidden) and
@@ -90,7 +101,13 @@ def build_tiny_vision_preset(
         size = encoder.image_size
     elif family == "gemma3n":
         size = 64
-    _image_converter(family, size).save_to_preset(directory)
+    converter = _image_converter(family, size)
+    converter.save_to_preset(directory)
+    if family == "qwen3_5":
+        # As published: the preprocessor holds the image converter too.
+        causal_lm = keras_hub.models.Qwen3_5CausalLM.from_preset(directory)
+        causal_lm.preprocessor.image_converter = converter
+        causal_lm.save_to_preset(directory)
     if audio:
         _audio_converter(family).save_to_preset(directory)
     if video:

@@ -1,0 +1,114 @@
+"""The vLLM model class of Qwen3.5 presets served with images: M-RoPE.
+
+A Qwen3.5 image is as many soft tokens as its merged patches, which vary
+with its size, and each soft token rotates its query and key by its
+image's row and column as well as its place in the text (M-RoPE):
+- the preset's own `Qwen3_5ImageConverter` cuts each image into patches,
+  and `<|image_pad|>` expands to one pad per merged patch (`patches.py`);
+- the preset's own `Qwen3_5VisionEncoder` embeds each image, and the
+  embeddings take the pads' places, as `Qwen3_5InterleaveEmbeddings`
+  places them (unscaled);
+- vLLM asks the model for each prompt's 3 rows of positions (temporal,
+  height, width: `get_mrope_input_positions`), as the preprocessor
+  computes them (`mrope_positions`), and continues them past the prompt
+  by the returned delta; the full-attention layers rotate with KerasHub's
+  own `_apply_mrope` at those rows (`layers/attention_routes.py`).
+The Gated DeltaNet layers keep their state as in `hybrid.py`.
+"""
+
+from vllm_keras_hub.backend import require_torch_backend
+
+# Before anything below imports Keras: plain `vllm` names no backend.
+require_torch_backend()
+
+import torch  # noqa: E402
+from vllm.model_executor.models.interfaces import SupportsMRoPE  # noqa: E402
+from vllm.model_executor.models.utils import _merge_multimodal_embeddings  # noqa: E402
+
+from vllm_keras_hub.layers.attention import token_embedding  # noqa: E402
+from vllm_keras_hub.models import staged_images  # noqa: E402
+from vllm_keras_hub.models.hybrid import KerasHubHybridForCausalLM  # noqa: E402
+from vllm_keras_hub.models.multimodal import _image_converter  # noqa: E402
+from vllm_keras_hub.models.patches import mrope_positions  # noqa: E402
+from vllm_keras_hub.models.patches import to_patches  # noqa: E402
+from vllm_keras_hub.models.probe import RouteError  # noqa: E402
+from vllm_keras_hub.models.vision import _KerasHubImages  # noqa: E402
+from vllm_keras_hub.models.vision import _register  # noqa: E402
+
+
+@_register
+class KerasHubQwen3_5VisionForCausalLM(_KerasHubImages, KerasHubHybridForCausalLM, SupportsMRoPE):
+    """A KerasHub Qwen3.5 (or Qwen3.5-MoE) preset with a vision encoder."""
+
+    placeholder = "<|vision_start|><|image_pad|><|vision_end|>"
+    family_name = "Qwen3.5"
+    requires_raw_input_tokens = False
+
+    def _check_backbone(self, backbone):
+        converter = _image_converter(self.preset)
+        encoder = backbone.vision_encoder
+        cut = (converter.patch_size, converter.temporal_patch_size, converter.spatial_merge_size)
+        taken = (encoder.patch_size, encoder.temporal_patch_size, encoder.spatial_merge_size)
+        if cut != taken:
+            raise RouteError(
+                f"{self._name}: its image converter cuts (patch, temporal "
+                f"patch, merge) {cut}, its vision encoder takes {taken}."
+            )
+        if backbone.rope_scaling_factor != 1.0:
+            # Its `_apply_mrope` leaves the factor out, its text RoPE not:
+            # the same text would rotate one way with images, one without.
+            raise RouteError(
+                f"{self._name}: its rope_scaling_factor is "
+                f"{backbone.rope_scaling_factor}, which KerasHub's M-RoPE "
+                "does not apply; only presets without RoPE scaling (as "
+                "published) are served with images."
+            )
+        self._merge_size = converter.spatial_merge_size
+
+    def _smallest_image(self):
+        # One merge window; the converter scales it up to its `min_pixels`.
+        from PIL import Image
+
+        converter = _image_converter(self.preset)
+        side = converter.patch_size * converter.spatial_merge_size
+        return to_patches(converter, [Image.new("RGB", (side, side))])
+
+    def embed_multimodal(self, **fields):
+        """The preset's vision encoder on each image alone.
+
+        Args:
+            **fields: `pixel_values`, the images' patches one after
+                another, and `image_grid_thw`, one row per image
+                (`to_patches`).
+
+        Returns:
+            One `(soft_tokens, hidden_size)` tensor per image.
+        """
+        if self.stage is not None and not self.stage.first:
+            return staged_images.no_embeddings(
+                {"pixel_values": fields.get("image_grid_thw")}, self.config.hidden_size, self._dtype
+            )
+        patches, grids = fields.get("pixel_values"), fields.get("image_grid_thw")
+        if patches is None:
+            return []
+        if isinstance(patches, (list, tuple)):
+            patches = torch.cat(list(patches))
+        grids = torch.stack(list(grids)) if isinstance(grids, (list, tuple)) else grids
+        encoder = self.backbone.vision_encoder
+        return tuple(
+            encoder(values, grid[None].int()).to(self._dtype)
+            for values, grid in zip(patches.split(grids.prod(-1).tolist()), grids, strict=True)
+        )
+
+    def _embed(self, input_ids, images, is_image):
+        embeddings = token_embedding(self.backbone)(input_ids)
+        if images is None:
+            return embeddings
+        return _merge_multimodal_embeddings(embeddings, images, is_image)
+
+    def get_mrope_input_positions(self, input_tokens, mm_features):
+        images = [
+            (feature.mm_position.offset, feature.data["image_grid_thw"].data.tolist())
+            for feature in mm_features
+        ]
+        return mrope_positions(len(input_tokens), images, self._merge_size)
