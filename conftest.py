@@ -136,6 +136,7 @@ EXTENDED = (
     "tests/parallel_test.py::test_adapters_per_request_at_two_ranks",
     "tests/parallel_test.py::test_gemma4_pipeline_keeps_kv_sharing_layers_with_their_sources[*]",
     "tests/parallel_test.py::test_pipeline_parallel_images_match_generate[*]",
+    "tests/parallel_test.py::test_qwen3_5_images_in_each_layout[*]",
     "tests/parallel_test.py::test_hybrid_pipeline_keeps_each_stages_state_on_its_rank[*]",
     "tests/parallel_test.py::test_an_eagle3_head_and_a_draft_model_at_two_ranks",
     "tests/parallel_test.py::test_adapters_per_request_at_two_stages",

@@ -603,6 +603,48 @@ def test_bidirectional_gemma4_images_in_each_layout(layout, tmp_path):
         assert counts and set(counts.values()) == {image_rows}
 
 
+@pytest.mark.parametrize("layout", ["tensor", "pipeline"])
+def test_qwen3_5_images_in_each_layout(layout, tmp_path):
+    """A Qwen3.5 vision preset at 2 ranks, and at 2 stages (8 layers, an
+    attention layer in each), gives its full forward's tokens on
+    `vision_qwen3_5_test.py`'s batch: M-RoPE positions reach every rank's
+    and every stage's attention layers, each rank holds its Gated DeltaNet
+    heads, and the first stage alone the vision encoder."""
+    from tests.vision_qwen3_5_test import PROMPTS as QWEN3_5_PROMPTS
+    from vllm_keras_hub.testing.mrope_oracle import qwen3_5_full_forward_with_images
+    from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
+
+    layers = {"num_layers": 8} if layout == "pipeline" else None
+    preset = build_tiny_vision_preset(
+        str(tmp_path / "qwen3_5"), "qwen3_5", seed=5, backbone_overrides=layers
+    )
+    expected = qwen3_5_full_forward_with_images(preset, QWEN3_5_PROMPTS, MAX_NEW_TOKENS)
+    assert expected[0][1] != expected[3][1]
+    with parallel_llm(
+        f"keras_hub:{preset}",
+        **{f"{layout}_parallel_size": 2},
+        limit_mm_per_prompt={"image": 2},
+        enforce_eager=True,
+        max_model_len=512,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=16,
+    ) as llm:
+        requests = [audio.request(text, images) for text, images in QWEN3_5_PROMPTS]
+        outputs = llm.generate(requests, GREEDY, use_tqdm=False)
+        reports = llm.collective_rpc(stage_report if layout == "pipeline" else rank_report)
+    row = "qwen3_5 + vision encoder"
+    column = "tp2" if layout == "tensor" else "pp2"
+    support_matrix.record(row, "Qwen3_5Backbone", **{column: "FAIL"})
+    assert_tokens(outputs, expected)
+    support_matrix.record(row, "Qwen3_5Backbone", **{column: "pass, with images"})
+    if layout == "pipeline":
+        first, last = sorted(reports, key=lambda r: r["ranks"])
+        assert first["vision_encoder"] > 0 and last["vision_encoder"] == 0
+    else:
+        for report in reports:
+            assert all(held * shards == full for held, full, shards in report["linears"])
+
+
 # family -> (layers of a preset built for the case, or None for the shared
 # tiny preset's 2; what 2 stages of 2 ranks prove for it).
 TP_AND_PP_CASES = {

@@ -65,7 +65,7 @@ def prompt_inputs(preprocessor, converter, text, images):
     return [int(i) for i in ids], media
 
 
-def _score_inputs(preprocessor, ids, media, plain_positions=False):
+def _score_inputs(preprocessor, ids, media, plain_positions=False, prompt_length=None):
     token_ids = np.array([ids], "int32")
     inputs = dict(token_ids=token_ids, padding_mask=np.ones_like(token_ids), **media)
     grids = media.get("image_grid_thw", np.zeros((0, 3), "int32"))
@@ -75,7 +75,8 @@ def _score_inputs(preprocessor, ids, media, plain_positions=False):
     elif plain_positions:
         inputs["position_ids"] = np.broadcast_to(np.arange(len(ids)), (1, 4, len(ids)))
     if media:
-        soft = token_ids[0] == preprocessor.image_token_id
+        # The prompt's pads only: a generated one is text.
+        soft = token_ids[0, :prompt_length] == preprocessor.image_token_id
         inputs["vision_indices"] = np.nonzero(soft)[0].astype("int32")
     return inputs
 
@@ -111,7 +112,9 @@ def qwen3_5_full_forward_with_images(preset, prompts, max_new_tokens, plain_posi
         ids, media = prompt_inputs(preprocessor, converter, text, images)
         generated = []
         for _ in range(max_new_tokens):
-            inputs = _score_inputs(preprocessor, ids + generated, media, plain_positions)
+            inputs = _score_inputs(
+                preprocessor, ids + generated, media, plain_positions, len(ids)
+            )
             logits = _last_logits(causal_lm, inputs)
             generated.append(int(np.argmax(logits)))
         results.append((ids, generated))
