@@ -1,13 +1,16 @@
-"""Images served through vLLM's multimodal API: a Qwen3.5 preset (M-RoPE).
+"""Images and video served through vLLM's multimodal API: a Qwen3.5 preset
+(M-RoPE).
 
 The preset is laid out as published: its preprocessor holds its tokenizer
-(with the vision tokens) and its image converter, and its backbone a vision
-encoder and `mrope_section`. Each image is as many `<|image_pad|>` as its
-merged patches (5 to 36 here: the converter keeps each image within
-96x96 pixels, as published within 4096x4096), between the
-`<|vision_start|>` and `<|vision_end|>` the prompt writes. Qwen3.5 attends
-causally over images, so vLLM may split one over prefill steps; the
-Gated DeltaNet layers carry their state across them.
+(with the vision tokens) and its image and video converters, and its
+backbone a vision encoder and `mrope_section`. Each image is as many
+`<|image_pad|>` as its merged patches (5 to 36 here: the converter keeps
+each image within 96x96 pixels, as published within 4096x4096), between
+the `<|vision_start|>` and `<|vision_end|>` the prompt writes. A video is
+all its frames, two a patch, each pair `<t seconds>` and its own markers
+and pads. Qwen3.5 attends causally over images and videos, so vLLM may
+split one over prefill steps; the Gated DeltaNet layers carry their state
+across them.
 
 One engine, compiled as vLLM's default, with chunked prefill (16 tokens a
 step) and prefix caching serves every test (the server test serves eager:
@@ -15,12 +18,11 @@ step) and prefix caching serves every test (the server test serves eager:
 preprocessor's M-RoPE positions (`mrope_oracle`).
 """
 
-import numpy as np
 import pytest
 from vllm import SamplingParams
-from vllm.exceptions import VLLMValidationError
 
 from vllm_keras_hub.testing import support_matrix
+from vllm_keras_hub.testing import videos
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing.images import IMAGES
@@ -35,6 +37,7 @@ MAX_NEW_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
 STEP_TOKENS = 16
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
 ROW = "qwen3_5 + vision encoder"
 # Images of 4 aspect ratios (grids of 2x3, 4x2, 1x5 and 6x6 soft tokens),
 # two in one prompt, and a prompt without.
@@ -53,7 +56,7 @@ def preset(tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("qwen3_5_vision"))
     # Seed 5: random weights whose tokens both the text's positions after
     # an image and the image's rows and columns change.
-    return build_tiny_vision_preset(directory, "qwen3_5", seed=5)
+    return build_tiny_vision_preset(directory, "qwen3_5", seed=5, video=True)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +73,7 @@ def llm(preset):
         enable_chunked_prefill=True,
         max_num_batched_tokens=STEP_TOKENS,
         enable_prefix_caching=True,
-        limit_mm_per_prompt={"image": 2},
+        limit_mm_per_prompt={"image": 2, "video": 1},
     ) as llm:
         yield llm
 
@@ -79,6 +82,8 @@ def test_images_in_a_batch_match_the_full_forward(llm, preset, expected):
     support_matrix.record(ROW, "Qwen3_5Backbone", images="FAIL")
     model = served_model(llm)
     assert model.compiled or model.was_aot_compile_fn_loaded_from_disk
+    # No profile run of the encoder on the largest image (`settings.settle`).
+    assert llm.llm_engine.model_config.multimodal_config.skip_mm_profiling
     outputs = llm.generate([request(*p) for p in PROMPTS], GREEDY, use_tqdm=False)
     assert_tokens(outputs, expected)
     # The images change the tokens, and the first one is split over steps.
@@ -128,11 +133,40 @@ def test_an_image_over_the_token_budget_is_refused(llm):
     assert len(output[0].outputs[0].token_ids) == MAX_NEW_TOKENS
 
 
-def test_video_is_refused(llm):
-    frames = np.zeros((2, 32, 32, 3), np.uint8)
-    prompt = {
-        "prompt": "<|vision_start|><|video_pad|><|vision_end|> what happens?",
-        "multi_modal_data": {"video": (frames, {"fps": 2.0, "frames_indices": [0, 1]})},
-    }
-    with pytest.raises(VLLMValidationError, match="takes images, not video"):
-        llm.generate([prompt], GREEDY, use_tqdm=False)
+def test_videos_in_a_batch_with_images_and_text_match_the_full_forward(llm, preset):
+    """Videos of 4 and 5 frames (the converter repeats the last of an odd
+    count), an image and text in one batch; each video's pairs of frames
+    are timestamped spans, split over the 16-token steps."""
+    support_matrix.record(ROW, "Qwen3_5Backbone", video="FAIL")
+    prompts = [
+        (f"What happens in {VIDEO} now?", videos.random_video(1)),
+        (f"a {IMAGE} caption", [IMAGES[0]]),
+        ("Hello there", []),
+        (f"And here {VIDEO}?", videos.random_video(2, frames=5, stride=7)),
+    ]
+    expected = qwen3_5_full_forward_with_images(preset, prompts, MAX_NEW_TOKENS)
+    requests = [
+        videos.request(text, video=media)
+        if isinstance(media, videos.Video)
+        else request(text, media)
+        for text, media in prompts
+    ]
+    outputs = llm.generate(requests, GREEDY, use_tqdm=False)
+    assert_tokens(outputs, expected)
+    pads = videos.video_positions(preset, expected[0][0])
+    # Two pairs of frames of 3x4 soft tokens, 12 tokens apart or more.
+    assert len(pads) == 24 and pads[-1] - pads[0] > STEP_TOKENS
+    assert len(videos.video_positions(preset, expected[3][0])) == 36
+    assert expected[0][1] != expected[3][1]
+    support_matrix.record(ROW, "Qwen3_5Backbone", video="pass")
+
+
+def test_a_video_over_the_token_budget_is_refused(llm):
+    """64 frames are 32 timestamped pairs: more markers and timestamps than
+    the 32 frames vLLM's loader keeps (as `serve` sets it) take; refused,
+    and the engine serves on."""
+    video = videos.random_video(3, frames=64, stride=1)
+    with pytest.raises(ValueError, match="more than the 320 a video may take"):
+        llm.generate([videos.request(f"{VIDEO} what?", video=video)], GREEDY, use_tqdm=False)
+    output = llm.generate(["Hello there"], GREEDY, use_tqdm=False)
+    assert len(output[0].outputs[0].token_ids) == MAX_NEW_TOKENS

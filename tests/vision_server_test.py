@@ -5,11 +5,11 @@ Gemma4 with bidirectional image attention, and Qwen3.5 with M-RoPE;
 `vision*_test.py` prove the offline engine). The served tokens of a chat
 message with a data-URI image equal the oracle's on the prompt the family's
 chat format renders: the preset's own `generate()`, or Gemma4's and
-Qwen3.5's full forward. Gemma3n's preset takes
-audio too, as the published ones do: WAV, FLAC and MP3 clips; Gemma4's
-takes video, as every published one does: an MPEG-4 `video_url`. Bad
-image, audio and video requests
-get a 400 that names the cause, and the server keeps serving.
+Qwen3.5's full forward. Gemma3n's preset takes audio too, as the
+published ones do: WAV, FLAC and MP3 clips; Gemma4's and Qwen3.5's take
+video, as every published one does: an MPEG-4 `video_url`. Bad image,
+audio and video requests get a 400 that names the cause, and the server
+keeps serving.
 """
 
 import base64
@@ -58,14 +58,18 @@ FAMILIES = {
         # opens a thought.
         "<|im_start|>user\nWhat is in <|vision_start|><|image_pad|><|vision_end|> "
         "this picture?<|im_end|>\n<|im_start|>assistant\n<think>\n",
-        {},
+        dict(video=True),
         qwen3_5_full_forward_with_images,
     ),
 }
 
 # Families whose presets take audio (Gemma3n's) or video (Gemma4's) too,
 # as published.
-LIMITS = {"gemma3n": {"image": 2, "audio": 1}, "gemma4": {"image": 2, "video": 1}}
+LIMITS = {
+    "gemma3n": {"image": 2, "audio": 1},
+    "gemma4": {"image": 2, "video": 1},
+    "qwen3_5": {"image": 2, "video": 1},
+}
 # Gemma3n's chat format for the audio test's message.
 AUDIO_PROMPT = (
     "<start_of_turn>user\nWhat is said in<start_of_audio>this clip?"
@@ -295,11 +299,23 @@ def test_an_undecodable_clip_is_a_400(client, family):
     assert_still_serving(client)
 
 
-# Gemma4's official template, for the video test's message.
-VIDEO_PROMPT = (
-    "<|turn>user\nWhat happens in<|video|>this video?<turn|>\n"
-    "<|turn>model\n<|channel>thought\n<channel|>"
-)
+# The official templates, for the video test's message, the frames vLLM's
+# loader keeps (as `serve` sets it: the converter's, or for Qwen3.5, which
+# takes all it is given, vLLM's default) and the oracle.
+VIDEO_CASES = {
+    "gemma4": (
+        "<|turn>user\nWhat happens in<|video|>this video?<turn|>\n"
+        "<|turn>model\n<|channel>thought\n<channel|>",
+        4,
+        gemma4_full_forward_with_images,
+    ),
+    "qwen3_5": (
+        "<|im_start|>user\nWhat happens in <|vision_start|><|video_pad|><|vision_end|> "
+        "this video?<|im_end|>\n<|im_start|>assistant\n<think>\n",
+        32,
+        qwen3_5_full_forward_with_images,
+    ),
+}
 
 
 def test_a_video_url_part(client, preset, family):
@@ -307,8 +323,8 @@ def test_a_video_url_part(client, preset, family):
     tokens on the 4 frames vLLM's loader keeps of it (`serve` sets the
     converter's count). (This file's frames give the same tokens causal or
     not: `vision_gemma4_bidirectional_test.py` shows their bidirectional
-    attention.) The others take no video: a 400 that says so. An
-    undecodable file is a 400."""
+    attention.) Qwen3.5: on all 10, in 5 timestamped pairs. The others take
+    no video: a 400 that says so. An undecodable file is a 400."""
     from vllm_keras_hub.testing import videos
 
     data = videos.encoded(videos.random_video(6, frames=10), fps=2)
@@ -318,15 +334,16 @@ def test_a_video_url_part(client, preset, family):
         part,
         {"type": "text", "text": " this video?"},
     ]
-    if family != "gemma4":
+    if family not in VIDEO_CASES:
         with pytest.raises(openai.BadRequestError, match="not video"):
             chat(client, content)
         assert_still_serving(client)
         return
     reply = chat(client, content)
-    expected = gemma4_full_forward_with_images(
-        preset, [(VIDEO_PROMPT, videos.decoded(data, num_frames=4))], MAX_TOKENS
-    )
+    prompt, num_frames, oracle = VIDEO_CASES[family]
+    decoded = videos.decoded(data, num_frames=num_frames)
+    assert len(decoded.frames) == min(num_frames, 10)
+    expected = oracle(preset, [(prompt, decoded)], MAX_TOKENS)
     assert reply.prompt_token_ids == expected[0][0]
     assert reply.choices[0].token_ids == expected[0][1]
     broken = {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{b64(b'no')}"}}

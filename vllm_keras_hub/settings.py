@@ -299,7 +299,8 @@ def settle(folder, values, given):
     Sets, where the user did not: the `keras_hub` load format, the folder's
     tokenizer mode, whole-image scheduling for images that attend
     bidirectionally (for PaliGemma, a step budget of a whole prompt), PyAV
-    to decode audio, and on the CPU a fixed KV cache.
+    to decode audio, and on the CPU a fixed KV cache and (Qwen3.5's images)
+    no encoder profile.
 
     Args:
         folder: The preset's `ModelFolder`.
@@ -310,6 +311,7 @@ def settle(folder, values, given):
         A dict of engine arguments to set.
     """
     from vllm_keras_hub.export.hf_config import LOAD_FORMAT
+    from vllm_keras_hub.export.hf_config import MROPE_ARCHITECTURE
     from vllm_keras_hub.scheduler import IMAGE_SCHEDULER
 
     updates = {}
@@ -327,6 +329,16 @@ def settle(folder, values, given):
         if "max_num_batched_tokens" not in given:
             max_model_len = values.get("max_model_len") or folder.max_model_len
             updates["max_num_batched_tokens"] = max_model_len
+    if folder.architecture == MROPE_ARCHITECTURE and "skip_mm_profiling" not in given:
+        from vllm.platforms import current_platform
+
+        # vLLM's profile run would encode the largest image and video the
+        # budgets allow (published Qwen3.5: 4096x4096, 65,536 patches
+        # through the ViT's full attention), for hours on a CPU, which
+        # measures nothing with it (its KV cache is set, and the encoder
+        # is not compiled).
+        if current_platform.is_cpu():
+            updates["skip_mm_profiling"] = True
     media_io = dict(values.get("media_io_kwargs") or {})
     defaults = default_media_io(folder.audio, folder.video)
     if set(defaults) - set(media_io):

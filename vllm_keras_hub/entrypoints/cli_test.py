@@ -278,3 +278,22 @@ def test_export_prints_the_media_settings_of_a_preset_with_audio_and_video(tmp_p
         config = json.load(f)
     assert config["keras_hub_audio"]["placeholder"] == "<|audio|>"
     assert config["keras_hub_video"]["placeholder"] == "<|video|>"
+
+
+def test_export_prints_the_settings_of_a_qwen3_5_preset_with_images_and_video(tmp_path):
+    """Qwen3.5: no encoder profile, and vLLM's 32 frames a video, all of
+    which its converter takes, as `serve` sets them on the CPU."""
+    import shlex
+
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
+
+    preset = build_tiny_vision_preset(str(tmp_path / "preset"), "qwen3_5", video=True)
+    result = run_cli("export", f"keras_hub:{preset}", str(tmp_path / "folder"))
+    assert result.returncode == 0, result.stderr
+    (line,) = [x for x in result.stdout.splitlines() if "vllm.entrypoints.openai" in x]
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(shlex.split(line)[3:])
+    assert args.skip_mm_profiling
+    assert args.media_io_kwargs == {"video": {"num_frames": 32}}

@@ -24,10 +24,36 @@ from vllm_keras_hub.export.hf_config import VISION_ARCHITECTURES
 from vllm_keras_hub.export.hf_config import read_media_format
 
 
-def _converter(preset):
+def preprocessor_part(preset, name):
+    """The `name` layer (`"image_converter"`, `"video_converter"`) of the
+    preset's `preprocessor.json`, as `CausalLM.from_preset` builds it, or
+    `None` where the preset saved no preprocessor or it holds none."""
+    import keras
+    from keras_hub.src.utils.preset_utils import check_file_exists
+    from keras_hub.src.utils.preset_utils import load_json
+
+    if not check_file_exists(preset, "preprocessor.json"):
+        return None
+    config = load_json(preset, "preprocessor.json").get("config", {}).get(name)
+    return keras.saving.deserialize_keras_object(config) if config else None
+
+
+def load_image_converter(preset):
+    """The preset's image converter, as its preprocessor holds it.
+
+    KerasHub 0.32's `Preprocessor.save_to_preset` saves every sublayer that
+    can save itself, and a `VideoConverter` holds a plain `ImageConverter`:
+    a preprocessor with both converters (Qwen3.5's) leaves that plain one in
+    `image_converter.json`, over its own. So the preprocessor's config,
+    which `CausalLM.from_preset` builds from, comes first; then
+    `image_converter.json` (a preset saved without a preprocessor).
+    """
     from keras_hub.src.layers.preprocessing.image_converter import ImageConverter
     from keras_hub.src.utils.preset_utils import check_file_exists
 
+    converter = preprocessor_part(preset, "image_converter")
+    if converter is not None:
+        return converter
     if not check_file_exists(preset, "image_converter.json"):
         return None
     return ImageConverter.from_preset(preset)
@@ -57,7 +83,7 @@ def image_fields(preset, backbone_class, backbone_config, tokenizer):
         return {}
     if getattr(tokenizer, "image_placeholder_id", -1) in (-1, None):
         return {}
-    converter = _converter(preset)
+    converter = load_image_converter(preset)
     if converter is None:
         return {}
     image = dict(
@@ -111,7 +137,7 @@ def _prefix_lm_fields(preset, architecture, backbone_config, tokenizer):
     placeholder; the image's rows carry the `image_token` (`<image>` where
     the vocabulary has it, else the pad token), never embedded as text.
     """
-    if _converter(preset) is None:
+    if load_image_converter(preset) is None:
         raise ValueError(
             f"Preset '{preset}' is a PaliGemma model without an image "
             "converter (image_converter.json); PaliGemma generates from an "
@@ -150,7 +176,7 @@ def _mrope_fields(preset, architecture, backbone_config, tokenizer):
     """
     import math
 
-    converter = _converter(preset)
+    converter = load_image_converter(preset)
     if (
         not backbone_config.get("vision_encoder")
         or converter is None

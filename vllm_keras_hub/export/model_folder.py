@@ -107,6 +107,8 @@ class ModelFolder:
         with open(os.path.join(self.path, "config.json")) as f:
             config = json.load(f)
         self.family = families.family_by_name(config["keras_hub_family"])
+        # The vLLM model class's name.
+        self.architecture = config["architectures"][0]
         # The preset, as the model class loads it (local folders absolute).
         self.preset = config["keras_hub_preset"]
         # The image format of a preset served with images (`export/image_format.py`),

@@ -18,7 +18,14 @@ processor (`models/multimodal.py`, `models/video.py`) and the model class:
 - `fps`: the preprocessor's `video_fps`, for a video whose metadata gives
   no frame rate;
 - `tokens_per_video`: the most tokens a video's span can take, for vLLM's
-  budgets.
+  budgets;
+- `layout`: `"gemma4"`, or `"qwen3_5"`: a Qwen3.5 preset's video converter
+  cuts all the frames it is given into patches of 2 frames, merged 2x2
+  into soft tokens within its pixel budget over all frames, and each pair
+  of frames is `<t seconds><|vision_start|>` + `<|video_pad|>` per soft
+  token + `<|vision_end|>` (`models/patches.py`); its `max_soft_tokens` is
+  then the most a video's frames take in all, `patch_size` a patch's
+  side and `pooling` the merge.
 """
 
 # A timestamp's tokens, at most: " mm:ss " is 7 characters, one token each
@@ -30,8 +37,14 @@ DEFAULT_FPS = 24.0
 
 FIELDS = (
     "placeholder", "start_token", "video_token", "end_token", "num_frames",
-    "max_soft_tokens", "patch_size", "pooling", "fps", "tokens_per_video",
+    "max_soft_tokens", "patch_size", "pooling", "fps", "tokens_per_video", "layout",
 )  # fmt: skip
+
+# vLLM's video loader's frames per video by default, which a Qwen3.5
+# converter (it samples none itself) takes all of.
+QWEN3_5_FRAMES = 32
+# A Qwen3.5 timestamp's tokens, at most: `<123.4 seconds>`, one a character.
+QWEN3_5_TIMESTAMP_TOKENS = 16
 
 
 def load_video_converter(preset):
@@ -45,19 +58,25 @@ def load_video_converter(preset):
     from keras_hub.src.utils.preset_utils import check_file_exists
     from keras_hub.src.utils.preset_utils import get_preset_loader
 
+    from vllm_keras_hub.export.image_format import preprocessor_part
+
+    # As the preprocessor holds it, where it does (`load_image_converter`).
+    converter = preprocessor_part(preset, "video_converter")
+    if converter is not None:
+        return converter
     if not check_file_exists(preset, "video_converter.json"):
         return None
     return get_preset_loader(preset).load_video_converter(VideoConverter)
 
 
-def _preprocessor_fps(preset):
+def _preprocessor_fps(preset, default=DEFAULT_FPS):
     from keras_hub.src.utils.preset_utils import check_file_exists
     from keras_hub.src.utils.preset_utils import load_json
 
     if not check_file_exists(preset, "preprocessor.json"):
-        return DEFAULT_FPS
+        return default
     config = load_json(preset, "preprocessor.json").get("config", {})
-    return float(config.get("video_fps", DEFAULT_FPS))
+    return float(config.get("video_fps", default))
 
 
 def video_fields(preset, backbone_class, tokenizer, serves_images):
@@ -70,6 +89,8 @@ def video_fields(preset, backbone_class, tokenizer, serves_images):
         serves_images: Whether the preset is served with images (video
             frames go through the same vision encoder).
     """
+    if serves_images and backbone_class in ("Qwen3_5Backbone", "Qwen3_5MoeBackbone"):
+        return _qwen3_5_fields(preset, tokenizer)
     if not serves_images or backbone_class != "Gemma4Backbone":
         return {}
     if getattr(tokenizer, "video_placeholder_id", None) in (None, -1):
@@ -90,6 +111,37 @@ def video_fields(preset, backbone_class, tokenizer, serves_images):
         pooling=int(converter.pooling_kernel_size),
         fps=_preprocessor_fps(preset),
         tokens_per_video=num_frames * (max_soft_tokens + 2 + TIMESTAMP_TOKENS),
+        layout="gemma4",
+    )
+    return dict(keras_hub_video=video)
+
+
+def _qwen3_5_fields(preset, tokenizer):
+    """A Qwen3.5 preset's video format: `QWEN3_5_FRAMES` frames a video.
+
+    Its converter keeps the frames' pixels in all within `max_pixels`
+    (each side a whole number of merge windows), two frames a patch.
+    """
+    converter = load_video_converter(preset)
+    if converter is None or getattr(tokenizer, "video_token_id", None) is None:
+        return {}
+    stride = converter.patch_size * converter.spatial_merge_size
+    temporal = converter.temporal_patch_size
+    patches = -(-QWEN3_5_FRAMES // temporal)
+    max_soft_tokens = converter.max_pixels // (temporal * stride**2)
+    video = dict(
+        placeholder=tokenizer.video_token,
+        start_token=tokenizer.vision_start_token,
+        video_token=tokenizer.video_token,
+        end_token=tokenizer.vision_end_token,
+        num_frames=QWEN3_5_FRAMES,
+        max_soft_tokens=int(max_soft_tokens),
+        patch_size=int(converter.patch_size),
+        pooling=int(converter.spatial_merge_size),
+        # `Qwen3_5CausalLMPreprocessor`'s default.
+        fps=_preprocessor_fps(preset, default=2.0),
+        tokens_per_video=int(max_soft_tokens + patches * (2 + QWEN3_5_TIMESTAMP_TOKENS)),
+        layout="qwen3_5",
     )
     return dict(keras_hub_video=video)
 

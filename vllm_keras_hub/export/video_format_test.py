@@ -41,6 +41,7 @@ def test_a_gemma4_preset_with_a_video_converter(preset):
         pooling=3,
         fps=24.0,
         tokens_per_video=4 * (70 + 2 + 8),
+        layout="gemma4",
     )
     assert read_video_format(types.SimpleNamespace(keras_hub_video=video)) == video
     # `Gemma4CausalLMPreprocessor`'s own count from a frame's size.
@@ -108,3 +109,32 @@ def test_a_folder_exported_before_video_is_refused_with_the_fix(preset):
     with pytest.raises(ValueError, match="lacks \\['tokens_per_video'\\].*export"):
         read_video_format(types.SimpleNamespace(keras_hub_video=video))
     assert read_video_format(types.SimpleNamespace()) is None
+
+
+def test_a_qwen3_5_preset_with_both_converters(tmp_path):
+    """Its video format, and both converters as its preprocessor holds
+    them: KerasHub 0.32 saved the video converter's plain inner
+    `ImageConverter` over `image_converter.json`."""
+    from vllm_keras_hub.export.image_format import load_image_converter
+    from vllm_keras_hub.export.video_format import load_video_converter
+
+    preset = build_tiny_vision_preset(str(tmp_path / "qwen3_5"), "qwen3_5", video=True)
+    with open(os.path.join(preset, "image_converter.json")) as f:
+        assert json.load(f)["class_name"] == "ImageConverter"
+    image = load_image_converter(preset)
+    assert type(image).__name__ == "Qwen3_5ImageConverter" and image.max_pixels == 96 * 96
+    assert type(load_video_converter(preset)).__name__ == "Qwen3_5VideoConverter"
+    assert _fields(preset)["keras_hub_video"] == dict(
+        placeholder="<|video_pad|>",
+        start_token="<|vision_start|>",
+        video_token="<|video_pad|>",
+        end_token="<|vision_end|>",
+        num_frames=32,
+        # Its 16,384 pixels in all, 2 frames of 16x16 a soft token.
+        max_soft_tokens=32,
+        patch_size=8,
+        pooling=2,
+        fps=2.0,
+        tokens_per_video=32 + 16 * (2 + 16),
+        layout="qwen3_5",
+    )

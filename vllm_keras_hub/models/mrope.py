@@ -29,6 +29,7 @@ from vllm_keras_hub.layers.attention import token_embedding  # noqa: E402
 from vllm_keras_hub.models import staged_images  # noqa: E402
 from vllm_keras_hub.models.hybrid import KerasHubHybridForCausalLM  # noqa: E402
 from vllm_keras_hub.models.multimodal import _image_converter  # noqa: E402
+from vllm_keras_hub.models.patches import frame_images  # noqa: E402
 from vllm_keras_hub.models.patches import mrope_positions  # noqa: E402
 from vllm_keras_hub.models.patches import to_patches  # noqa: E402
 from vllm_keras_hub.models.probe import RouteError  # noqa: E402
@@ -41,6 +42,7 @@ class KerasHubQwen3_5VisionForCausalLM(_KerasHubImages, KerasHubHybridForCausalL
     """A KerasHub Qwen3.5 (or Qwen3.5-MoE) preset with a vision encoder."""
 
     placeholder = "<|vision_start|><|image_pad|><|vision_end|>"
+    video_placeholder = "<|vision_start|><|video_pad|><|vision_end|>"
     family_name = "Qwen3.5"
     requires_raw_input_tokens = False
 
@@ -64,6 +66,11 @@ class KerasHubQwen3_5VisionForCausalLM(_KerasHubImages, KerasHubHybridForCausalL
                 "published) are served with images."
             )
         self._merge_size = converter.spatial_merge_size
+        if self.video is not None:
+            import keras_hub
+
+            tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(self.preset)
+            self._vision_start = tokenizer.token_to_id(self.video["start_token"])
 
     def _smallest_image(self):
         # One merge window; the converter scales it up to its `min_pixels`.
@@ -85,10 +92,14 @@ class KerasHubQwen3_5VisionForCausalLM(_KerasHubImages, KerasHubHybridForCausalL
             One `(soft_tokens, hidden_size)` tensor per image.
         """
         if self.stage is not None and not self.stage.first:
+            grids = fields.get("video_grid_thw", fields.get("image_grid_thw"))
             return staged_images.no_embeddings(
-                {"pixel_values": fields.get("image_grid_thw")}, self.config.hidden_size, self._dtype
+                {"pixel_values": grids}, self.config.hidden_size, self._dtype
             )
-        patches, grids = fields.get("pixel_values"), fields.get("image_grid_thw")
+        if "video_pixel_values" in fields:
+            patches, grids = fields["video_pixel_values"], fields["video_grid_thw"]
+        else:
+            patches, grids = fields.get("pixel_values"), fields.get("image_grid_thw")
         if patches is None:
             return []
         if isinstance(patches, (list, tuple)):
@@ -107,8 +118,12 @@ class KerasHubQwen3_5VisionForCausalLM(_KerasHubImages, KerasHubHybridForCausalL
         return _merge_multimodal_embeddings(embeddings, images, is_image)
 
     def get_mrope_input_positions(self, input_tokens, mm_features):
-        images = [
-            (feature.mm_position.offset, feature.data["image_grid_thw"].data.tolist())
-            for feature in mm_features
-        ]
+        images = []
+        for feature in mm_features:
+            offset = feature.mm_position.offset
+            if feature.modality == "video":
+                grid = feature.data["video_grid_thw"].data.tolist()
+                images += frame_images(input_tokens, offset, grid, self._vision_start)
+            else:
+                images.append((offset, feature.data["image_grid_thw"].data.tolist()))
         return mrope_positions(len(input_tokens), images, self._merge_size)

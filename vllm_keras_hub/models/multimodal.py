@@ -39,6 +39,7 @@ from vllm.multimodal.processing.processor import BaseProcessingInfo
 from vllm.multimodal.processing.processor import PromptReplacement
 from vllm.multimodal.processing.processor import PromptUpdateDetails
 
+from vllm_keras_hub.models import patches
 from vllm_keras_hub.models.patches import image_count
 from vllm_keras_hub.models.patches import merges_patches
 from vllm_keras_hub.models.patches import to_patches
@@ -56,9 +57,9 @@ def _image_converter(preset):
     from vllm_keras_hub.backend import default_to_torch
 
     default_to_torch()
-    from keras_hub.src.layers.preprocessing.image_converter import ImageConverter
+    from vllm_keras_hub.export.image_format import load_image_converter
 
-    return ImageConverter.from_preset(preset)
+    return load_image_converter(preset)
 
 
 def to_pixels(preset, images):
@@ -230,6 +231,8 @@ class KerasHubDummyInputsBuilder(BaseDummyInputsBuilder[KerasHubProcessingInfo])
             )
         video = self.info.video
         if video is not None:
+            if video["layout"] == "qwen3_5":
+                size = patches.dummy_frame_side(video)
             videos = self._get_dummy_videos(
                 width=size,
                 height=size,
@@ -250,6 +253,7 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
 
         from vllm_keras_hub.export.audio_format import clip_tokens
         from vllm_keras_hub.models.audio import to_features
+        from vllm_keras_hub.models.video import _video_converter
         from vllm_keras_hub.models.video import to_frames
 
         preset = self.info.get_hf_config().keras_hub_preset
@@ -265,7 +269,12 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
                 clip_tokens(self.info.audio, len(clip))  # Raises for a clip too short.
             outputs.update(to_features(preset, hf_data["audio"]))
         if hf_data.get("videos"):
-            outputs.update(to_frames(preset, self.info.video, hf_data["videos"]))
+            video, items = self.info.video, hf_data["videos"]
+            if video["layout"] == "qwen3_5":
+                converter = _video_converter(preset)
+                outputs.update(patches.to_video_patches(converter, video, items))
+            else:
+                outputs.update(to_frames(preset, video, items))
         return BatchFeature(outputs)
 
     def _get_mm_fields_config(self, hf_inputs, hf_processor_mm_kwargs):
@@ -277,10 +286,18 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
             return "video" if key.startswith("video_") else "image"
 
         fields = {key: MultiModalFieldConfig.batched(modality(key)) for key in hf_inputs}
-        if "image_grid_thw" in hf_inputs:
-            # Qwen3.5's images: a varying number of patches each.
-            sizes = hf_inputs["image_grid_thw"].prod(-1)
-            fields["pixel_values"] = MultiModalFieldConfig.flat_from_sizes("image", sizes)
+        # Qwen3.5's images and videos: a varying number of patches each, and
+        # of timestamps each video.
+        flat = {"image": ["pixel_values"], "video": ["video_pixel_values"]}
+        for kind, keys in flat.items():
+            grid = "image_grid_thw" if kind == "image" else "video_grid_thw"
+            if grid not in hf_inputs:
+                continue
+            sizes = hf_inputs[grid].prod(-1)
+            fields[keys[0]] = MultiModalFieldConfig.flat_from_sizes(kind, sizes)
+            if kind == "video":
+                times = hf_inputs[grid][:, 0]
+                fields["video_timestamps"] = MultiModalFieldConfig.flat_from_sizes(kind, times)
         return fields
 
     def _get_prompt_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs):
@@ -294,6 +311,8 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
 
             def replacement(index, modality=modality, media=media):
                 if modality == "video":
+                    if media["layout"] == "qwen3_5":
+                        return patches.video_span(tokenizer, media, out_mm_kwargs["video"][index])
                     return video_span(tokenizer, media, out_mm_kwargs["video"][index])
                 count = None
                 item = out_mm_kwargs[modality][index]
@@ -317,6 +336,9 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
 
     def _apply_prompt_updates(self, token_ids, mm_prompt_updates):
         vocab = self.info.get_tokenizer().get_vocab()
+        video = self.info.video
+        if video is not None and video["layout"] == "qwen3_5":
+            token_ids = patches.collapse_video_markers(token_ids, video, vocab)
 
         def text_around(media, content):
             if "video_token" in media:

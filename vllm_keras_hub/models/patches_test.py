@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from vllm_keras_hub.export.video_format import load_video_converter
+from vllm_keras_hub.models.patches import frame_images
 from vllm_keras_hub.models.patches import image_count
 from vllm_keras_hub.models.patches import mrope_positions
 from vllm_keras_hub.models.patches import to_patches
@@ -10,6 +12,7 @@ from vllm_keras_hub.testing import mrope_oracle
 from vllm_keras_hub.testing.image_oracle import image_parts
 from vllm_keras_hub.testing.images import IMAGES
 from vllm_keras_hub.testing.images import random_image
+from vllm_keras_hub.testing.videos import random_video
 from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -17,9 +20,12 @@ IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory):
-    preset = build_tiny_vision_preset(str(tmp_path_factory.mktemp("qwen3_5")), "qwen3_5")
+    preset = build_tiny_vision_preset(
+        str(tmp_path_factory.mktemp("qwen3_5")), "qwen3_5", video=True
+    )
     _, tokenizer, converter = image_parts(preset)
-    return mrope_oracle._preprocessor(tokenizer, converter), converter
+    videos = load_video_converter(preset)
+    return mrope_oracle._preprocessor(tokenizer, converter, videos), converter
 
 
 @pytest.mark.parametrize(
@@ -48,6 +54,26 @@ def test_positions_are_the_preprocessors(parts, text, images):
     longer = mrope_oracle._position_ids(preprocessor, np.array([ids + [0]]), grids)[0]
     assert longer[1, -1] == len(ids) + delta
     assert (delta < 0) == bool(images)
+
+
+@pytest.mark.parametrize("frames", [4, 5])
+def test_video_positions_are_the_preprocessors(parts, frames):
+    """Each pair of frames placed as an image after its `<|vision_start|>`
+    (`frame_images`), the timestamps between them as text: the rows equal
+    `_compute_position_ids`'s for the video (5 frames: 3 pairs, the last
+    frame repeated)."""
+    preprocessor, _ = parts
+    text = "Watch <|vision_start|><|video_pad|><|vision_end|> now"
+    ids, media = mrope_oracle.prompt_inputs(
+        preprocessor, None, text, random_video(frames, frames=frames)
+    )
+    grid = media["image_grid_thw"]
+    theirs = mrope_oracle._position_ids(preprocessor, np.array([ids]), None, grid)[0]
+    start = ids.index(preprocessor.tokenizer.vision_start_token_id)
+    images = frame_images(ids, start, grid[0].tolist(), ids[start])
+    assert len(images) == (frames + 1) // 2
+    ours, _ = mrope_positions(len(ids), images, 2)
+    np.testing.assert_array_equal(ours.numpy(), theirs[1:])
 
 
 def test_the_fields_are_the_converters_own(parts):

@@ -1,5 +1,7 @@
 """Gemma4 videos: frames as its preprocessor samples them, spans as it writes them.
 
+(Qwen3.5's videos: `patches.py`.)
+
 Gemma4 has no video encoder. `Gemma4CausalLMPreprocessor` hands a video to
 the preset's `Gemma4VideoConverter`, which keeps `num_frames` frames
 spread evenly over it and converts each as an image of at most 70 pooled
@@ -73,19 +75,7 @@ def to_frames(preset, video, items):
     converter = _video_converter(preset)
     rows = []
     for frames, metadata in items:
-        frames = np.asarray(frames, "float32")
-        if frames.ndim != 4 or frames.shape[-1] != 3 or not len(frames):
-            raise ValueError(
-                f"A video must be frames of RGB pixels, (frames, height, "
-                f"width, 3); got an array of shape {frames.shape}."
-            )
-        indices = list(metadata.get("frames_indices") or range(len(frames)))
-        if len(indices) != len(frames):
-            raise ValueError(
-                f"The video's metadata gives {len(indices)} frame indices "
-                f"for its {len(frames)} frames."
-            )
-        fps = float(metadata.get("fps") or video["fps"])
+        frames, indices, fps = checked_frames(frames, metadata, video["fps"])
         kept = kept_frames(len(frames), video["num_frames"])
         converted = converter._process_single_video(frames)
         rows.append(
@@ -100,6 +90,32 @@ def to_frames(preset, video, items):
             }
         )
     return {key: torch.from_numpy(np.stack([row[key] for row in rows])) for key in rows[0]}
+
+
+def checked_frames(frames, metadata, default_fps):
+    """A video's frames as float32, its frames' source indices and frame rate.
+
+    Args:
+        frames: `(frames, height, width, 3)` pixels.
+        metadata: vLLM's (`frames_indices`, `fps`).
+        default_fps: The frame rate where the metadata gives none.
+
+    Raises:
+        ValueError: frames that are not RGB, or indices not one a frame.
+    """
+    frames = np.asarray(frames, "float32")
+    if frames.ndim != 4 or frames.shape[-1] != 3 or not len(frames):
+        raise ValueError(
+            f"A video must be frames of RGB pixels, (frames, height, "
+            f"width, 3); got an array of shape {frames.shape}."
+        )
+    indices = list(metadata.get("frames_indices") or range(len(frames)))
+    if len(indices) != len(frames):
+        raise ValueError(
+            f"The video's metadata gives {len(indices)} frame indices "
+            f"for its {len(frames)} frames."
+        )
+    return frames, indices, float(metadata.get("fps") or default_fps)
 
 
 @dataclasses.dataclass

@@ -177,10 +177,10 @@ def image_prompt_inputs(
 
 def image_parts(preset):
     """The preset's float32 `CausalLM`, tokenizer and image converter."""
-    from keras_hub.src.layers.preprocessing.image_converter import ImageConverter
+    from vllm_keras_hub.export.image_format import load_image_converter
 
     tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
-    converter = ImageConverter.from_preset(preset)
+    converter = load_image_converter(preset)
     causal_lm = causal_lm_class(preset).from_preset(
         preset, dtype="float32", preprocessor=None
     )

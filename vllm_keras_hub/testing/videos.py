@@ -72,5 +72,7 @@ def video_positions(preset, ids):
     import keras_hub
 
     tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
-    soft_token = tokenizer.token_to_id(tokenizer.video_placeholder)
+    # Gemma4's `<|video|>`, Qwen3.5's `<|video_pad|>`.
+    pad = getattr(tokenizer, "video_placeholder", None) or tokenizer.video_token
+    soft_token = tokenizer.token_to_id(pad)
     return [i for i, token in enumerate(ids) if token == soft_token]

@@ -66,9 +66,10 @@ def build_tiny_vision_preset(
         audio: Gemma3n and Gemma4: with a tiny audio encoder, the audio
             tokens and the preset's audio converter too, as the published
             Gemma3n and Gemma4 E2B and E4B presets have them.
-        video: Gemma4 only: with the preset's video converter too, as
-            every published Gemma4 preset has it (`GEMMA4_VIDEO_FRAMES`
-            frames per video, each of at most 70 soft tokens).
+        video: Gemma4 and Qwen3.5: with the preset's video converter too,
+            as every published preset has it (Gemma4: `GEMMA4_VIDEO_FRAMES`
+            frames per video, each of at most 70 soft tokens; Qwen3.5: all
+            the frames given, up to 32 soft tokens in all).
         backbone_overrides: Backbone arguments over the family's.
 
     Returns:
@@ -104,13 +105,16 @@ def build_tiny_vision_preset(
     converter = _image_converter(family, size)
     converter.save_to_preset(directory)
     if family == "qwen3_5":
-        # As published: the preprocessor holds the image converter too.
+        # As published: the preprocessor holds the converters too.
         causal_lm = keras_hub.models.Qwen3_5CausalLM.from_preset(directory)
         causal_lm.preprocessor.image_converter = converter
+        if video:
+            causal_lm.preprocessor.video_converter = _qwen3_5_video_converter()
+            causal_lm.preprocessor.video_converter.save_to_preset(directory)
         causal_lm.save_to_preset(directory)
     if audio:
         _audio_converter(family).save_to_preset(directory)
-    if video:
+    if video and family == "gemma4":
         from keras_hub.src.models.gemma4.gemma4_video_converter import (
             Gemma4VideoConverter,
         )
@@ -119,6 +123,19 @@ def build_tiny_vision_preset(
             patch_size=8, num_frames=GEMMA4_VIDEO_FRAMES, scale=1 / 127.5, offset=-1.0
         ).save_to_preset(directory)
     return directory
+
+
+def _qwen3_5_video_converter():
+    from keras_hub.src.models.qwen3_5.qwen3_5_video_converter import (
+        Qwen3_5VideoConverter,
+    )
+
+    # Patches of 8 pixels, 2 frames, merged 2x2 (one soft token per 16x16
+    # pixels of 2 frames); up to 32 soft tokens a video (its frames' pixels
+    # in all within 16,384), as published up to 4096x4096's worth.
+    return Qwen3_5VideoConverter(
+        patch_size=8, min_pixels=256, max_pixels=16384, scale=1 / 127.5, offset=-1.0
+    )
 
 
 def _audio_converter(family="gemma3n"):
