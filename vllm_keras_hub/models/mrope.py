@@ -81,15 +81,16 @@ class KerasHubQwen3_5VisionForCausalLM(_KerasHubImages, KerasHubHybridForCausalL
         return to_patches(converter, [Image.new("RGB", (side, side))])
 
     def embed_multimodal(self, **fields):
-        """The preset's vision encoder on each image alone.
+        """The preset's vision encoder on each image, or each video, alone.
 
         Args:
             **fields: `pixel_values`, the images' patches one after
                 another, and `image_grid_thw`, one row per image
-                (`to_patches`).
+                (`patches.to_patches`); or the videos' `video_pixel_values`
+                and `video_grid_thw` (`patches.to_video_patches`).
 
         Returns:
-            One `(soft_tokens, hidden_size)` tensor per image.
+            One `(soft_tokens, hidden_size)` tensor per image or video.
         """
         if self.stage is not None and not self.stage.first:
             grids = fields.get("video_grid_thw", fields.get("image_grid_thw"))

@@ -287,17 +287,14 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
 
         fields = {key: MultiModalFieldConfig.batched(modality(key)) for key in hf_inputs}
         # Qwen3.5's images and videos: a varying number of patches each, and
-        # of timestamps each video.
-        flat = {"image": ["pixel_values"], "video": ["video_pixel_values"]}
-        for kind, keys in flat.items():
-            grid = "image_grid_thw" if kind == "image" else "video_grid_thw"
-            if grid not in hf_inputs:
-                continue
-            sizes = hf_inputs[grid].prod(-1)
-            fields[keys[0]] = MultiModalFieldConfig.flat_from_sizes(kind, sizes)
-            if kind == "video":
-                times = hf_inputs[grid][:, 0]
-                fields["video_timestamps"] = MultiModalFieldConfig.flat_from_sizes(kind, times)
+        # a timestamp per pair of frames.
+        flat = MultiModalFieldConfig.flat_from_sizes
+        if "image_grid_thw" in hf_inputs:
+            fields["pixel_values"] = flat("image", hf_inputs["image_grid_thw"].prod(-1))
+        if "video_grid_thw" in hf_inputs:
+            grids = hf_inputs["video_grid_thw"]
+            fields["video_pixel_values"] = flat("video", grids.prod(-1))
+            fields["video_timestamps"] = flat("video", grids[:, 0])
         return fields
 
     def _get_prompt_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs):
