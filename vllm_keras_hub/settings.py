@@ -334,9 +334,9 @@ def settle(folder, values, given):
 
         # vLLM's profile run would encode the largest image and video the
         # budgets allow (published Qwen3.5: 4096x4096, 65,536 patches
-        # through the ViT's full attention), for hours on a CPU, which
-        # measures nothing with it (its KV cache is set, and the encoder
-        # is not compiled).
+        # through the ViT's full attention; never run here, too large for
+        # these machines), which measures nothing the CPU uses (its KV
+        # cache is set, and the encoder is not compiled).
         if current_platform.is_cpu():
             updates["skip_mm_profiling"] = True
     media_io = dict(values.get("media_io_kwargs") or {})

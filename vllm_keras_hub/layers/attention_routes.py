@@ -182,20 +182,15 @@ def qwen3_5(layer, hidden_states, positions):
     # at them, as `_apply_partial_rope` with `position_ids`.
     mrope = step.current().mrope_positions
     if mrope is not None and layer.mrope_section is not None:
-        # KerasHub's channels: (text, temporal, height, width), the first
-        # unused; each token a batch row of one.
-        position_ids = ops.stack([mrope[0], mrope[0], mrope[1], mrope[2]], axis=1)[..., None]
+        cos, sin = mrope_cos_sin(layer, mrope)
 
         def rotate(x):
+            # `_apply_mrope`'s rotation, in float32 as it computes it.
             rotary_dim = layer.rotary_dim
-            rotated = _apply_mrope(
-                x[..., :rotary_dim],
-                layer.rotary_embedding_layer,
-                position_ids,
-                layer.mrope_section,
-                rotary_dim,
-            )
-            return ops.concatenate([rotated, x[..., rotary_dim:]], axis=-1)
+            x_rope = ops.cast(x[..., :rotary_dim], "float32")
+            x1, x2 = x_rope[..., : rotary_dim // 2], x_rope[..., rotary_dim // 2 :]
+            rotated = x_rope * cos + ops.concatenate([-x2, x1], axis=-1) * sin
+            return ops.concatenate([ops.cast(rotated, x.dtype), x[..., rotary_dim:]], axis=-1)
     else:
 
         def rotate(x):
@@ -218,6 +213,40 @@ def qwen3_5(layer, hidden_states, positions):
     # The rank's heads under tensor parallelism, not `num_query_heads`.
     output = ops.reshape(output, (num_tokens, 1, -1, layer.head_dim))
     return layer._output_dense(output)
+
+
+def mrope_cos_sin(layer, mrope):
+    """The cos and sin of the step's M-RoPE positions, as the layer's own
+    `_apply_mrope` computes them, once a step for all layers alike.
+
+    `_apply_mrope` computes them anew for each query and key of each layer.
+    Its rotation is linear in its input: on `[1, ..., 1, 0, ..., 0]` it
+    gives each feature pair's cos in the first half and sin in the second.
+
+    Args:
+        layer: A `Qwen3_5Attention` with `mrope_section`.
+        mrope: The step's `(3, num_tokens)` positions.
+
+    Returns:
+        float32 `(cos, sin)`, `(num_tokens, 1, 1, rotary_dim)` each.
+    """
+    rotary_dim, half = layer.rotary_dim, layer.rotary_dim // 2
+    rotary = layer.rotary_embedding_layer
+    key = ("mrope", rotary_dim, tuple(layer.mrope_section), rotary.max_wavelength)
+    rows = step.current().rotary_rows
+    if rows is not None and key in rows:
+        return rows[key]
+    # KerasHub's channels: (text, temporal, height, width), the first
+    # unused; each token a batch row of one.
+    position_ids = ops.stack([mrope[0], mrope[0], mrope[1], mrope[2]], axis=1)[..., None]
+    basis = ops.concatenate([ops.ones((half,)), ops.zeros((half,))])
+    basis = ops.broadcast_to(ops.cast(basis, "float32"), (ops.shape(mrope)[1], 1, 1, rotary_dim))
+    both = _apply_mrope(basis, rotary, position_ids, layer.mrope_section, rotary_dim)
+    cos = ops.concatenate([both[..., :half], both[..., :half]], axis=-1)
+    sin = ops.concatenate([both[..., half:], both[..., half:]], axis=-1)
+    if rows is not None:
+        rows[key] = (cos, sin)
+    return cos, sin
 
 
 def smollm3(layer, hidden_states, positions):
