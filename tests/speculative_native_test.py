@@ -9,6 +9,9 @@ otherwise, so vLLM's acceptance counters show which hidden states reached
 it: drafts are accepted exactly where the target repeats a token, which
 `echo_acceptance` counts from the oracle's tokens. vLLM's native Llama with
 the same head gives the same counts, so the count is vLLM's own behaviour.
+Heads passing an intermediate layer through (aux slots 0 and 1, as vLLM's
+default taps and published heads read lower layers) draft what the output
+head reads off that layer: every draft row equals native Llama's.
 """
 
 import pytest
@@ -20,6 +23,7 @@ from tests.model_test import MAX_NEW_TOKENS
 from tests.model_test import PROMPTS
 from tests.speculative_test import acceptance
 from tests.speculative_test import assert_oracle_tokens
+from vllm_keras_hub.testing import mtp
 from vllm_keras_hub.testing.eagle3 import save_echo_head
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.hf_models import export_preset
@@ -123,6 +127,33 @@ def test_vllm_native_llama_with_the_same_head_accepts_the_same(shared, llama):
         counts = acceptance(llm)
     assert_oracle_tokens(outputs, expected)
     assert counts == echo_acceptance([tokens for _, tokens in continued])
+
+
+@pytest.mark.parametrize("slot", [0, 1], ids=["embeddings", "layer_0_output"])
+def test_a_head_reading_an_intermediate_layer_drafts_as_vllm_native(
+    shared, llama, root, slot
+):
+    """A head passing aux slot 0 (the input of layer 0) or 1 (of layer 1)
+    through, eager, prefix caching on, prompts prefilled in chunks beside
+    drafted decodes: `generate()`'s tokens, and every draft row the
+    proposer returns is the one vLLM's native Llama returns with the same
+    head on the exported weights, which taps its own layers."""
+    preset, hf_folder, _, expected = llama
+    head = save_echo_head(preset, str(root / f"eagle3_slot_{slot}"), AUX_LAYERS, slot=slot)
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids, _ in expected]
+    settings = dict(ENGINE, enforce_eager=True, speculative_config=eagle3(head))
+    rows = []
+    for model in (f"keras_hub:{preset}", hf_folder):
+        with in_process_llm(model, **settings) as llm:
+            with mtp.recorded_drafts(llm) as calls:
+                outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+        assert_oracle_tokens(outputs, expected)
+        rows.append(calls)
+    ours, native = rows
+    assert ours == native
+    # Not the echo head's drafts: the last layer's are the chosen tokens.
+    drafts = [(t, d) for chosen, _, rows in ours for t, d in zip(chosen, rows, strict=True)]
+    assert any(d != [t] * DRAFT_TOKENS for t, d in drafts)
 
 
 def test_a_hugging_face_draft_model(llama):

@@ -4,11 +4,13 @@ No trained EAGLE-3 head fits a tiny random-weight target, and one with
 random weights would draft almost nothing, so acceptance would show nothing
 about the hidden states it reads. `save_echo_head` builds a head whose
 draft is known: its decoder layer adds nothing (zero output projections),
-its `fc` passes the last aux hidden state through, and its norm and output
-head are the target's own. Fed the target's last layer output (aux layer
-= the number of layers), it drafts the token the target just chose, so a
-draft is accepted exactly where the target repeats a token; fed anything
-else, it drafts other tokens.
+its `fc` passes one aux hidden state through (by default the last), and its
+norm and output head are the target's own. Fed the target's last layer
+output (aux layer = the number of layers), it drafts the token the target
+just chose, so a draft is accepted exactly where the target repeats a
+token; fed anything else, it drafts other tokens. Passing an intermediate
+layer's hidden state through, it drafts what the output head reads off
+that layer, which only that layer's hidden state gives.
 """
 
 import json
@@ -37,16 +39,18 @@ def _norm_weight(backbone):
     return normed * np.sqrt(1.0 + float(backbone.layer_norm_epsilon))
 
 
-def save_echo_head(preset, folder, aux_layers, seed=0):
+def save_echo_head(preset, folder, aux_layers, seed=0, slot=-1):
     """Saves an EAGLE-3 head for `preset` into `folder`.
 
     Args:
         preset: A KerasHub preset folder whose backbone ends in an RMS norm
             (`layer_norm`) and has no logit soft cap: Llama, Gemma3.
         folder: Where to write `config.json` and `model.safetensors`.
-        aux_layers: vLLM's aux layer indices the head reads; the last one
-            is the hidden state it passes through.
+        aux_layers: vLLM's aux layer indices the head reads.
         seed: For the attention weights, which do not change the draft.
+        slot: Which of the aux hidden states the head passes through, by
+            its place in vLLM's concatenation (`aux_layers` sorted):
+            `-1`, the last; `0` for the lowest layer.
 
     Returns:
         `folder`.
@@ -75,7 +79,8 @@ def save_echo_head(preset, folder, aux_layers, seed=0):
         return torch.ones(size, dtype=torch.float32)
 
     fc = zeros(hidden, hidden * len(aux_layers))
-    fc[:, -hidden:] = torch.eye(hidden)
+    slot = range(len(aux_layers))[slot]
+    fc[:, slot * hidden : (slot + 1) * hidden] = torch.eye(hidden)
     weights = {
         "midlayer.input_layernorm.weight": ones(hidden),
         "midlayer.hidden_norm.weight": ones(hidden),
