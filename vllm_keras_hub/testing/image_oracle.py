@@ -14,7 +14,8 @@ A Gemma4 prompt may take one video instead of images (`testing.videos.Video`,
 as `Gemma4CausalLMPreprocessor` takes one per prompt, and images or a video,
 not both): its `<|video|>` becomes the preprocessor's own
 `_build_video_replacement` of the video's `video_metadata`, and its frames
-go through the preset's own `Gemma4VideoConverter`.
+go through the preset's own `Gemma4VideoConverter`. Audio clips are taken
+as the preprocessors take them in `audio_oracle.py`.
 """
 
 import keras
@@ -22,6 +23,7 @@ import keras_hub
 import numpy as np
 
 from vllm_keras_hub.export.sampling import causal_lm_class
+from vllm_keras_hub.testing import audio_oracle
 
 
 def _expansion(causal_lm, tokenizer, converter):
@@ -58,51 +60,6 @@ def _pixels(converter, images):
         else:
             outputs.append({"images": keras.ops.convert_to_numpy(converter(pixels))})
     return {key: np.stack([o[key] for o in outputs])[None] for key in outputs[0]}
-
-
-def _expand_clips(causal_lm, tokenizer, text, clips, preset):
-    """`text` with each clip's placeholder expanded as the preprocessor
-    expands it: Gemma3n's 188 soft tokens, or Gemma4's one per 4 frames of
-    the clip (`audio_format.clip_tokens`)."""
-    from vllm_keras_hub.export.audio_format import audio_fields
-    from vllm_keras_hub.export.audio_format import clip_tokens
-    from vllm_keras_hub.export.preset_folder import read_preset
-
-    family, backbone_config, _ = read_preset(preset)
-    audio = audio_fields(preset, family.backbone, backbone_config, tokenizer, True)
-    audio = audio["keras_hub_audio"]
-    pieces = text.split(audio["placeholder"])
-    assert len(pieces) == len(clips) + 1, "one placeholder per clip"
-    text = pieces[0]
-    for clip, piece in zip(clips, pieces[1:]):
-        count = clip_tokens(audio, len(clip))
-        newlines = audio["newlines"]
-        span = audio["start_token"] + audio["audio_token"] * count + audio["end_token"]
-        text += newlines + span + newlines + piece
-    return text
-
-
-def _audio_inputs(causal_lm, tokenizer, token_ids, preset, clips):
-    """The backbone's audio inputs of a batch of one: each clip's features
-    alone (`models/audio.py`), so clips of one prompt must be of one
-    length. Gemma3n: `input_features` and its mask of padding; Gemma4:
-    `audio_mel`, its mask of valid frames, and the soft tokens' places."""
-    from vllm_keras_hub.models.audio import _audio_converter
-    from vllm_keras_hub.models.audio import clip_features
-
-    pairs = [clip_features(_audio_converter(preset), clip) for clip in clips]
-    features = np.stack([f for f, _ in pairs])[None]
-    padding = np.stack([m for _, m in pairs])[None]
-    if not isinstance(causal_lm.backbone, keras_hub.models.Gemma4Backbone):
-        return {"input_features": features, "input_features_mask": padding}
-    assert len({len(clip) for clip in clips}) == 1, "generate() takes clips of one length"
-    audio_mask = token_ids == tokenizer.token_to_id("<|audio|>")
-    return {
-        "audio_mel": features,
-        "audio_mel_mask": (~padding).astype("int32"),
-        "audio_indices": np.nonzero(audio_mask[0])[0][None].astype("int32"),
-        "audio_mask": audio_mask.astype("int32"),
-    }
 
 
 def _video_inputs(tokenizer, preset, text, video):
@@ -150,7 +107,8 @@ def image_prompt_inputs(
     placeholder, expansion = _expansion(causal_lm, tokenizer, converter)
     text = text.replace(placeholder, expansion)
     if clips:
-        text = _expand_clips(causal_lm, tokenizer, text, clips, preset)
+        clip_converter = audio_oracle.audio_converter(preset)
+        text = audio_oracle.expand_clips(causal_lm, tokenizer, clip_converter, text, clips)
     ids = [tokenizer.start_token_id]
     ids += keras.ops.convert_to_numpy(tokenizer(text)).tolist()
     token_ids = np.zeros((1, len(ids) + max_new_tokens), "int32")
@@ -171,7 +129,9 @@ def image_prompt_inputs(
         inputs["vision_mask"] = np.zeros_like(token_ids, "int32")
         inputs["vision_indices"] = np.zeros((1, 0), "int32")
     if clips:
-        inputs.update(_audio_inputs(causal_lm, tokenizer, token_ids, preset, clips))
+        inputs.update(
+            audio_oracle.audio_inputs(causal_lm, tokenizer, clip_converter, token_ids, clips)
+        )
     return ids, {key: keras.ops.convert_to_tensor(v) for key, v in inputs.items()}
 
 
