@@ -185,12 +185,7 @@ def qwen3_5(layer, hidden_states, positions):
         cos, sin = mrope_cos_sin(layer, mrope)
 
         def rotate(x):
-            # `_apply_mrope`'s rotation, in float32 as it computes it.
-            rotary_dim = layer.rotary_dim
-            x_rope = ops.cast(x[..., :rotary_dim], "float32")
-            x1, x2 = x_rope[..., : rotary_dim // 2], x_rope[..., rotary_dim // 2 :]
-            rotated = x_rope * cos + ops.concatenate([-x2, x1], axis=-1) * sin
-            return ops.concatenate([ops.cast(rotated, x.dtype), x[..., rotary_dim:]], axis=-1)
+            return mrope_rotate(x, cos, sin, layer.rotary_dim)
     else:
 
         def rotate(x):
@@ -247,6 +242,22 @@ def mrope_cos_sin(layer, mrope):
     if rows is not None:
         rows[key] = (cos, sin)
     return cos, sin
+
+
+def mrope_rotate(x, cos, sin, rotary_dim):
+    """`x`'s first `rotary_dim` features rotated by `mrope_cos_sin`'s cos
+    and sin, in float32 as `_apply_mrope` rotates them; the rest as they are.
+
+    Args:
+        x: `(num_tokens, 1, heads, head_dim)` queries or keys.
+        cos: `mrope_cos_sin`'s cos.
+        sin: `mrope_cos_sin`'s sin.
+        rotary_dim: The layer's `rotary_dim`.
+    """
+    x_rope = ops.cast(x[..., :rotary_dim], "float32")
+    x1, x2 = x_rope[..., : rotary_dim // 2], x_rope[..., rotary_dim // 2 :]
+    rotated = x_rope * cos + ops.concatenate([-x2, x1], axis=-1) * sin
+    return ops.concatenate([ops.cast(rotated, x.dtype), x[..., rotary_dim:]], axis=-1)
 
 
 def smollm3(layer, hidden_states, positions):
