@@ -3,10 +3,14 @@
 The oracle is the preset's own `generate()` through its own preprocessor,
 each prompt alone (`image_oracle.pali_gemma_greedy`). The tiny preset's
 image decides its tokens, and so does attending over the prompt both ways
-(`test_causal_attention_over_the_prefix_would_be_wrong`).
+(`test_causal_attention_over_the_prefix_would_be_wrong`), also beside the
+image (`test_both_ways_over_the_image_alone_would_be_wrong`).
 """
 
+import collections
+
 import pytest
+import torch
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
@@ -17,6 +21,7 @@ from vllm_keras_hub.settings import UnsupportedParallelismError
 from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.engines import in_process_engine_env
 from vllm_keras_hub.testing.engines import in_process_llm
+from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing.image_oracle import pali_gemma_greedy
 from vllm_keras_hub.testing.images import IMAGES
 from vllm_keras_hub.testing.images import assert_tokens
@@ -148,6 +153,26 @@ def test_causal_attention_over_the_prefix_would_be_wrong(llm, expected, monkeypa
     assert served != [tokens for _, tokens in expected]
 
 
+def test_both_ways_over_the_image_alone_would_be_wrong(llm, expected, monkeypatch):
+    """With only the image's rows attending both ways (vLLM's own PaliGemma's
+    `is_mm_prefix_lm` ranges) and the prompt's text causally, the tokens
+    differ: the served prefix is the image and the prompt, both ways."""
+    model = served_model(llm)
+    image_id = llm.get_tokenizer().get_vocab()["<image>"]
+    # The image attention then takes the `<image>` rows alone
+    # (`embed_input_ids` in `models/vision.py`).
+    monkeypatch.setattr(model, "_image_token_ids", torch.tensor([image_id]))
+    before = collections.Counter(image_attention.ATTENDED_ROWS)
+    llm.reset_prefix_cache()
+    outputs = llm.generate([request(*p) for p in PROMPTS], GREEDY, use_tqdm=False)
+    monkeypatch.undo()
+    assert llm.reset_prefix_cache()
+    attended = image_attention.ATTENDED_ROWS - before
+    assert attended and set(attended.values()) == {IMAGE_ROWS * len(PROMPTS)}
+    served = [list(o.outputs[0].token_ids) for o in outputs]
+    assert served != [tokens for _, tokens in expected]
+
+
 def test_pali_gemma_2_prefixes_past_the_sliding_window(tmp_path):
     """PaliGemma 2's decoder (Gemma 2's post-norms, soft caps, and a 32-token
     window here on every other layer): prefixes of 24 to 109 tokens, the
@@ -195,6 +220,13 @@ def test_compiled_prompts_in_a_small_step_budget(preset, expected):
         ),
         (dict(pipeline_parallel_size=2), UnsupportedParallelismError, "pipeline stages"),
         (dict(enable_lora=True), UnsupportedImageServingError, "LoRA adapters"),
+        # n-gram drafts: model drafters are refused for every image target
+        # first (`speculative.check`).
+        (
+            dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
+            UnsupportedImageServingError,
+            "without speculative decoding",
+        ),
     ],
 )
 def test_settings_that_would_cut_a_prompt_are_refused_at_start_up(
@@ -202,6 +234,8 @@ def test_settings_that_would_cut_a_prompt_are_refused_at_start_up(
 ):
     with in_process_engine_env(), pytest.raises(error, match=cause):
         KerasHubLLM(f"keras_hub:{preset}", **settings)
+    if settings.get("pipeline_parallel_size"):
+        support_matrix.record_refusal("PaliGemmaBackbone", "pp2")
 
 
 def test_the_published_layout_and_a_bare_one_export_alike(preset, tmp_path):
