@@ -156,6 +156,29 @@ def test_tensor_parallelism_is_refused(shared):
         KerasHubLLM(f"keras_hub:{preset}", tensor_parallel_size=2, **TEST_ENGINE_KWARGS)
 
 
+# Setting -> (value, what the refusal names). Each is proven on one worker,
+# without adapters or drafts, only.
+UNPROVEN = {
+    "pipeline": ("pipeline_parallel_size", 2, "pipeline parallelism"),
+    "lora": ("enable_lora", True, "LoRA adapters per request"),
+    "draft": (
+        "speculative_config",
+        {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2},
+        "speculative decoding",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNPROVEN))
+def test_an_unproven_engine_setting_is_refused(shared, case):
+    name, value, what = UNPROVEN[case]
+    preset = shared.embedder("qwen3_last")
+    with pytest.raises(
+        settings.UnsupportedEmbedderSettingError, match=f"served without {what} \\({name}="
+    ):
+        KerasHubLLM(f"keras_hub:{preset}", **{**TEST_ENGINE_KWARGS, name: value})
+
+
 def test_an_encoder_preset_that_is_no_embedder_is_refused(shared, tmp_path):
     import keras_hub
 

@@ -30,6 +30,7 @@ from vllm_keras_hub.testing.image_oracle import keras_hub_greedy_with_images
 from vllm_keras_hub.testing.images import assert_tokens
 from vllm_keras_hub.testing.images import batch_prompts
 from vllm_keras_hub.testing.images import request
+from vllm_keras_hub.testing.lora import random_lora
 from vllm_keras_hub.testing.parallel import parallel_llm
 from vllm_keras_hub.testing.presets import WINDOW
 from vllm_keras_hub.testing.tokenizers import make_tokenizer
@@ -231,6 +232,18 @@ def test_a_gemma4_assistant_is_refused_as_anything_else(shared, assistant):
     spec = {"model": f"keras_hub:{assistant}", "num_speculative_tokens": 2}
     with pytest.raises(UnsupportedSpeculativeConfigError, match="as method 'mtp'"):
         KerasHubLLM(f"keras_hub:{shared.preset('gemma4')}", speculative_config=spec)
+
+
+def test_a_merged_adapter_with_an_assistant_is_refused(shared, assistant, tmp_path):
+    """vLLM loads the drafter with the target's load config, so the adapter
+    merged into the target would reach the assistant too."""
+    target = shared.preset("gemma4")
+    adapter = random_lora(target, str(tmp_path / "gemma4.lora.h5"))
+    with pytest.raises(
+        UnsupportedSpeculativeConfigError,
+        match="cannot draft for a target with a merged adapter",
+    ):
+        KerasHubLLM(f"keras_hub:{target}", lora_weights=adapter, **drafting(assistant))
 
 
 # Refused before an engine starts, with the reason.

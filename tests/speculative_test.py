@@ -163,6 +163,15 @@ def _refusals(shared, tmp_path):
             ),
             "serves images",
         ),
+        "hybrid draft": (
+            dict(
+                speculative_config={
+                    **spec,
+                    "model": f"keras_hub:{shared.preset('qwen3_5')}",
+                }
+            ),
+            "is a hybrid Qwen3.5 preset: vLLM keeps no recurrent state",
+        ),
     }
 
 
@@ -173,6 +182,8 @@ CASES = {
     "pipeline": "llama",
     "other vocabulary": "llama",
     "image draft": "gemma3",
+    # Qwen3's tiny vocabulary is Qwen3.5's, so only the draft's layers differ.
+    "hybrid draft": "qwen3",
 }
 
 
@@ -190,6 +201,18 @@ def test_an_image_target_with_a_draft_is_refused(shared):
     target = shared.vision_preset("gemma3")
     with pytest.raises(UnsupportedSpeculativeConfigError, match="serves images"):
         KerasHubLLM(f"keras_hub:{target}", **drafting(shared.preset("gemma3")))
+
+
+def test_an_image_target_with_an_eagle3_head_is_refused(shared):
+    """vLLM's proposer would hand the head the target's image embeddings,
+    which no test covers for a KerasHub target."""
+    target = shared.vision_preset("gemma3")
+    spec = {"method": "eagle3", "model": "x/eagle3", "num_speculative_tokens": 2}
+    with pytest.raises(
+        UnsupportedSpeculativeConfigError,
+        match="EAGLE-3 is not served with a target that serves images",
+    ):
+        KerasHubLLM(f"keras_hub:{target}", speculative_config=spec)
 
 
 def test_a_merged_adapter_with_a_draft_is_refused(shared, tmp_path):

@@ -285,12 +285,14 @@ def check_embedder_settings(task, values):
     }
     for name, what in refused.items():
         value = values.get(name)
-        if value not in (None, False, 1):
-            raise UnsupportedEmbedderSettingError(
-                f"{task} presets are served without {what} ({name}={value!r}): "
-                "vllm-keras-hub's embedder serving is proven on one worker, "
-                "without adapters or drafts, only."
-            )
+        # `True == 1`: `enable_lora=True` must not pass as a size of one.
+        if value is None or value is False or (value == 1 and value is not True):
+            continue
+        raise UnsupportedEmbedderSettingError(
+            f"{task} presets are served without {what} ({name}={value!r}): "
+            "vllm-keras-hub's embedder serving is proven on one worker, "
+            "without adapters or drafts, only."
+        )
 
 
 def settle(folder, values, given):
