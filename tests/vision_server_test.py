@@ -5,11 +5,12 @@ Gemma4 with bidirectional image attention, and Qwen3.5 with M-RoPE;
 `vision*_test.py` prove the offline engine). The served tokens of a chat
 message with a data-URI image equal the oracle's on the prompt the family's
 chat format renders: the preset's own `generate()`, or Gemma4's and
-Qwen3.5's full forward. Gemma3n's preset takes audio too, as the
-published ones do: WAV, FLAC and MP3 clips; Gemma4's and Qwen3.5's take
+Qwen3.5's full forward. Gemma3n's and Gemma4's presets take audio too, as
+the published Gemma3n and Gemma4 E2B and E4B do: WAV, FLAC and MP3 clips,
+and Gemma3n's transcribes and translates; Gemma4's and Qwen3.5's take
 video, as every published one does: an MPEG-4 `video_url`. Bad image,
-audio and video requests get a 400 that names the cause, and the server
-keeps serving.
+audio and video requests get a 400 that names the cause, routes a model
+does not offer a 404, and the server keeps serving.
 """
 
 import base64
@@ -50,7 +51,7 @@ FAMILIES = {
         # Gemma 4's official template closes an empty thought channel.
         "<|turn>user\nWhat is in<|image|>this picture?<turn|>\n"
         "<|turn>model\n<|channel>thought\n<channel|>",
-        dict(bidirectional=True, video=True),
+        dict(bidirectional=True, audio=True, video=True),
         gemma4_full_forward_with_images,
     ),
     "qwen3_5": (
@@ -63,18 +64,25 @@ FAMILIES = {
     ),
 }
 
-# Families whose presets take audio (Gemma3n's) or video (Gemma4's) too,
-# as published.
+# Families whose presets take audio (Gemma3n's, Gemma4's) or video
+# (Gemma4's, Qwen3.5's) too, as published.
 LIMITS = {
     "gemma3n": {"image": 2, "audio": 1},
-    "gemma4": {"image": 2, "video": 1},
+    "gemma4": {"image": 2, "audio": 1, "video": 1},
     "qwen3_5": {"image": 2, "video": 1},
 }
-# Gemma3n's chat format for the audio test's message.
-AUDIO_PROMPT = (
-    "<start_of_turn>user\nWhat is said in<start_of_audio>this clip?"
-    "<end_of_turn>\n<start_of_turn>model\n"
-)
+# The chat format of the families that take audio, for the audio test's
+# message (Gemma4's official template writes an audio part as `<|audio|>`).
+AUDIO_PROMPTS = {
+    "gemma3n": (
+        "<start_of_turn>user\nWhat is said in<start_of_audio>this clip?"
+        "<end_of_turn>\n<start_of_turn>model\n"
+    ),
+    "gemma4": (
+        "<|turn>user\nWhat is said in<|audio|>this clip?<turn|>\n"
+        "<|turn>model\n<|channel>thought\n<channel|>"
+    ),
+}
 
 # The prompt each family's chat format renders for a system message and a
 # user message.
@@ -233,48 +241,82 @@ def b64(data):
 
 def test_audio_parts(client, preset, family):
     """Gemma3n: WAV, FLAC and MP3 clips give the oracle's tokens on the
-    samples vLLM decodes. The others take no audio: a 400 that says so."""
-    for data, part in audio_parts():
+    samples vLLM decodes; Gemma4: a WAV `input_audio` part does (its clips
+    attend causally beside its bidirectional images; the file formats are
+    vLLM's decoding, the same for both). The others take no audio: a 400
+    that says so."""
+    parts = audio_parts()[:1] if family == "gemma4" else audio_parts()
+    replies, prompts = [], []
+    for data, part in parts:
         content = [
             {"type": "text", "text": "What is said in "},
             part,
             {"type": "text", "text": " this clip?"},
         ]
-        if family != "gemma3n":
+        if family not in AUDIO_PROMPTS:
             with pytest.raises(openai.BadRequestError, match="images( and video)?, not audio"):
                 chat(client, content)
             continue
-        reply = chat(client, content)
+        replies.append(chat(client, content))
         clip = audio.decoded(data)
         if part["type"] == "input_audio":
             # The WAV file's own samples: at 16 kHz, only quantised to 16 bits.
             assert abs(clip - audio.tone_clip(440)).max() < 2.0**-14
-        expected = keras_hub_greedy_with_images(
-            preset, [(AUDIO_PROMPT, [], [clip])], MAX_TOKENS
-        )
-        assert reply.prompt_token_ids == expected[0][0]
-        assert reply.choices[0].token_ids == expected[0][1]
+        prompts.append((AUDIO_PROMPTS[family], [], [clip]))
+    if prompts:
+        expected = FAMILIES[family][2](preset, prompts, MAX_TOKENS)
+        for reply, (prompt_ids, generated_ids) in zip(replies, expected, strict=True):
+            assert reply.prompt_token_ids == prompt_ids
+            assert reply.choices[0].token_ids == generated_ids
     assert_still_serving(client)
 
 
+# The prompts Gemma3n's speech-to-text fixes (`models/audio.py`), the
+# second for a translation from German into English.
 TRANSCRIBE_PROMPT = (
     "<start_of_turn>user\nTranscribe this audio: <start_of_audio><end_of_turn>\n"
     "<start_of_turn>model\n"
 )
+TRANSLATE_PROMPT = (
+    "<start_of_turn>user\nTranslate this audio from German into English: "
+    "<start_of_audio><end_of_turn>\n<start_of_turn>model\n"
+)
+
+
+def assert_not_routed(client, create, request):
+    """vLLM routes speech-to-text only for a model that supports it
+    (`register_speech_to_text_api_routers`): a 404 from the router, not
+    from a model lookup, and the server serves on."""
+    with pytest.raises(openai.NotFoundError) as raised:
+        create(**request)
+    assert raised.value.status_code == 404
+    assert raised.value.response.json() == {"detail": "Not Found"}
+    assert_still_serving(client)
+
+
+def text_to_first_stop(preset, tokens):
+    """The text of `tokens` up to the first stop token, as vLLM stops."""
+    import keras_hub
+
+    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
+    stops = {tokenizer.end_token_id, tokenizer.token_to_id("<end_of_turn>")}
+    kept = []
+    for token in tokens:
+        if token in stops:
+            break
+        kept.append(token)
+    assert len(kept) > 1
+    return tokenizer.detokenize(kept)
 
 
 def test_a_transcription(client, preset, family):
     """Gemma3n: `/v1/audio/transcriptions` answers with the text of the
     oracle's tokens on vLLM's fixed transcription prompt, to the first
-    stop token. The others offer no transcription."""
-    import keras_hub
-
+    stop token. The others offer no transcription: a 404."""
     wav = audio.encoded(audio.tone_clip(550), "wav")
     request = dict(model=MODEL, file=("clip.wav", wav), temperature=0.0)
     if family != "gemma3n":
-        with pytest.raises(openai.APIStatusError):
-            client.audio.transcriptions.create(**request)
-        assert_still_serving(client)
+        assert_not_routed(client, client.audio.transcriptions.create, request)
         return
     reply = client.audio.transcriptions.create(
         **request, extra_body={"max_completion_tokens": MAX_TOKENS}
@@ -282,14 +324,27 @@ def test_a_transcription(client, preset, family):
     expected = keras_hub_greedy_with_images(
         preset, [(TRANSCRIBE_PROMPT, [], [audio.decoded(wav)])], MAX_TOKENS
     )[0][1]
-    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
-    stops = {tokenizer.end_token_id, tokenizer.token_to_id("<end_of_turn>")}
-    kept = []
-    for token in expected:
-        if token in stops:
-            break
-        kept.append(token)
-    assert len(kept) > 1 and reply.text == tokenizer.detokenize(kept)
+    assert reply.text == text_to_first_stop(preset, expected)
+
+
+def test_a_translation(client, preset, family):
+    """Gemma3n: `/v1/audio/translations` from German into English answers
+    with the text of the oracle's tokens on the translation prompt its
+    languages name, to the first stop token. The others offer no
+    translation: a 404."""
+    wav = audio.encoded(audio.tone_clip(550), "wav")
+    request = dict(model=MODEL, file=("clip.wav", wav), temperature=0.0)
+    if family != "gemma3n":
+        assert_not_routed(client, client.audio.translations.create, request)
+        return
+    reply = client.audio.translations.create(
+        **request,
+        extra_body={"language": "de", "to_language": "en", "max_completion_tokens": MAX_TOKENS},
+    )
+    expected = keras_hub_greedy_with_images(
+        preset, [(TRANSLATE_PROMPT, [], [audio.decoded(wav)])], MAX_TOKENS
+    )[0][1]
+    assert reply.text == text_to_first_stop(preset, expected)
 
 
 def test_an_undecodable_clip_is_a_400(client, family):
