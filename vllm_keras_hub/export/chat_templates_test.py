@@ -6,6 +6,7 @@ import pytest
 from vllm_keras_hub import smollm2
 from vllm_keras_hub.export import chat_templates
 from vllm_keras_hub.models import families
+from vllm_keras_hub.testing import support_matrix
 
 # Each family's bos and eos strings, as its exported tokenizer names them.
 _SPECIAL_TOKENS = {
@@ -166,6 +167,7 @@ def test_renders_system_user_assistant_user(family_name):
     expected = EXPECTED[family_name].replace("{today}", time.strftime("%d %B %Y"))
     expected = expected.replace("{date}", time.strftime("%Y-%m-%d"))
     assert _render(family_name, CONVERSATION) == expected
+    support_matrix.record_chat(family_name, "renders")
 
 
 def test_expected_covers_every_chat_format():
@@ -385,6 +387,7 @@ def test_every_chat_format_has_turn_end_tokens():
 def test_families_without_chat_format(family_name):
     families.family_by_name(family_name)
     assert chat_templates.chat_format(family_name) is None
+    support_matrix.record_chat(family_name, "none")
 
 
 def test_unknown_family_has_no_chat_format():

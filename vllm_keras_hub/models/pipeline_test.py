@@ -22,6 +22,7 @@ from vllm_keras_hub.models import pipeline
 from vllm_keras_hub.models.text_forward import text_forward
 from vllm_keras_hub.settings import PIPELINE_REFUSALS
 from vllm_keras_hub.settings import UnsupportedParallelismError
+from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.lora import fine_tune_lora
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import build_tiny_preset
@@ -149,6 +150,7 @@ def test_families_that_cannot_be_cut_are_refused(presets, family):
     backbone = unloaded_backbone(presets(family), "float32")
     with pytest.raises(UnsupportedParallelismError, match="cannot be served with pipeline"):
         pipeline.stage(backbone, 0, 2)
+    support_matrix.record_refusal(type(backbone).__name__, "pp2")
 
 
 def test_a_stage_with_no_layers_is_refused(presets, monkeypatch):

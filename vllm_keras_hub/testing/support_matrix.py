@@ -1,21 +1,36 @@
-"""The supported-family matrix, filled in by the parity tests as they run.
+"""The supported-family matrix, made only from what recorded runs measured.
 
-`model_test.py` records each tiny preset's parity results and the attention
-features its served model used (`parallel_test.py` the parallel columns,
-`vision*_test.py` the images, audio and video columns); `conftest.py` writes the table to
-`build/test-reports/support_matrix.md` when the session ends, and
-`scripts/update-reports` copies it into docs/supported-families.md.
+The parity tests fill in this run's cells as they pass or fail
+(`model_test.py` each tiny preset's parity and the attention features its
+served model used, `parallel_test.py` the parallel columns, `vision*_test.py`
+images, audio and video); refusal tests record the refusals they saw, and the
+chat tests what each family's format did. `conftest.py` writes the run, with
+its commit and date, to `build/test-reports/support_matrix.json`;
+`scripts/update-reports` merges it into `reports/support-matrix.json`, where
+each cell keeps the run that last measured it, and renders that into
+docs/supported-families.md (`tests/docs_test.py` checks the page is that
+rendering). A run of uncommitted changes is not merged.
 """
 
-from vllm_keras_hub.export import chat_templates
+import json
+import subprocess
+import time
+
 from vllm_keras_hub.models import families
-from vllm_keras_hub.settings import PIPELINE_REFUSALS
-from vllm_keras_hub.settings import TENSOR_REFUSALS
 
 RESULTS = {}
+CHAT = {}
+REFUSED = {}
 COLUMNS = (
     "batched", "chunked", "prefix_cache", "compiled", "tp2", "pp2", "window", "soft_cap",
     "sinks", "moe", "images", "audio", "video",
+)
+HEADINGS = (
+    "greedy parity, batched", "greedy parity, chunked prefill",
+    "greedy parity, prefix-cache hit", "greedy parity, compiled",
+    "greedy parity, 2 ranks (tensor parallel)", "greedy parity, 2 stages (pipeline parallel)",
+    "sliding window", "soft cap", "sinks", "MoE", "images, greedy parity",
+    "audio, greedy parity", "video, greedy parity",
 )
 
 
@@ -24,80 +39,183 @@ def record(preset_name, backbone, **values):
     RESULTS.setdefault(preset_name, {"backbone": backbone}).update(values)
 
 
-def _mark(value):
+def record_chat(family_name, value):
+    """Records what a chat test saw of a family's format, e.g. "yes" (its
+    template renders) or "tools: `hermes`" (calls parsed through a server)."""
+    cells = CHAT.setdefault(family_name, [])
+    if value not in cells:
+        cells.append(value)
+
+
+def record_refusal(backbone, column):
+    """Records that a test saw `backbone` refused at start-up for `column`
+    (`"tp2"` or `"pp2"`)."""
+    REFUSED.setdefault(backbone, set()).add(column)
+
+
+def this_run(root):
+    """This run's cells, with the commit it ran (None if the checkout had
+    changes besides reports) and its date."""
+    def git(*args):
+        return subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    changed = git("status", "--porcelain", "--", ".", ":!reports", ":!build")
+    return {
+        "commit": None if changed else (git("rev-parse", "--short", "HEAD") or None),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "rows": RESULTS,
+        "chat": CHAT,
+        "refused": {backbone: sorted(columns) for backbone, columns in REFUSED.items()},
+    }
+
+
+def merge(recorded, run):
+    """`recorded` (the committed matrix) with `run`'s cells in their places.
+
+    Raises:
+        ValueError: for a run of uncommitted changes.
+    """
+    if not run["commit"]:
+        raise ValueError("the run had uncommitted changes: commit, then run again")
+    runs = dict(recorded.get("runs", {}))
+    name = next(
+        (key for key, value in runs.items() if value == {"commit": run["commit"], "date": run["date"]}),
+        f"r{max((int(key[1:]) for key in runs), default=0) + 1}",
+    )
+    runs[name] = {"commit": run["commit"], "date": run["date"]}
+    rows = {key: {"backbone": value["backbone"], "cells": dict(value["cells"])}
+            for key, value in recorded.get("rows", {}).items()}
+    for row, values in run["rows"].items():
+        entry = rows.setdefault(row, {"backbone": values["backbone"], "cells": {}})
+        for column, value in values.items():
+            if column != "backbone":
+                entry["cells"][column] = [value, name]
+    chat = dict(recorded.get("chat", {}))
+    for family_name, values in run["chat"].items():
+        chat[family_name] = ["; ".join(values), name]
+    refused = {key: dict(value) for key, value in recorded.get("refused", {}).items()}
+    for backbone, columns in run["refused"].items():
+        for column in columns:
+            refused.setdefault(backbone, {})[column] = name
+    used = {run_name for value in rows.values() for _, run_name in value["cells"].values()}
+    used |= {run_name for _, run_name in chat.values()}
+    used |= {run_name for value in refused.values() for run_name in value.values()}
+    return {
+        "runs": {key: value for key, value in sorted(runs.items()) if key in used},
+        "rows": dict(sorted(rows.items())),
+        "chat": dict(sorted(chat.items())),
+        "refused": dict(sorted(refused.items())),
+    }
+
+
+def _cell(value, run_name):
     if value is True:
-        return "yes"
-    if value in (False, None):
+        value = "yes"
+    if value in (False, None, ""):
         return ""
-    return str(value)
+    return f"{value} ({run_name})"
 
 
-def _chat_cell(family_name):
-    """The chat format column: none, or the format and the vLLM parsers of
-    its tool calls and thinking (those of the family's latest version)."""
-    chat_format = chat_templates.chat_format(family_name)
-    if chat_format is None:
-        return "none (400)"
-    latest = chat_templates.chat_format(family_name, chat_templates.VERSION_MARKERS)
-    parts = ["yes"]
-    if latest.tool_parser:
-        # Only Llama 3 gains tools in a later version (3.1, `VERSION_MARKERS`).
-        version = "" if chat_format.tool_parser else " (3.1+)"
-        parts.append(f"tools{version}: `{latest.tool_parser}`")
-    if latest.reasoning_parser:
-        parts.append(f"thinking: `{latest.reasoning_parser}`")
-    return "; ".join(parts)
-
-
-def render():
-    """The matrix as Markdown: tested presets, then families without a route."""
+def render(recorded):
+    """The committed matrix as Markdown, each cell tagged with its run."""
     lines = [
-        "| family | test preset | route | greedy parity, batched | greedy parity, "
-        "chunked prefill | greedy parity, prefix-cache hit | greedy parity, compiled | "
-        "greedy parity, 2 ranks (tensor parallel) | greedy parity, 2 stages (pipeline "
-        "parallel) | sliding window | soft cap | sinks | MoE | images, greedy parity | "
-        "audio, greedy parity | video, greedy parity | chat format |",
-        "| --- " * 17 + "|",
+        "| family | test preset | route | " + " | ".join(HEADINGS) + " | chat format |",
+        "| --- " * (len(HEADINGS) + 4) + "|",
     ]
     tested = set()
-    for name, result in sorted(RESULTS.items()):
-        family = families.family_for_backbone(result["backbone"])
+    for name, row in recorded["rows"].items():
+        family = families.family_for_backbone(row["backbone"])
         tested.add(family.name)
         route = {"keras_hub": "keras-hub's", "vllm_keras_hub": "ours"}[family.route]
-        chat = _chat_cell(family.name)
-        cells = [family.display_name, name, route]
-        cells += [_mark(result.get(column)) for column in COLUMNS]
-        if not family.tensor_parallel:
-            cells[3 + COLUMNS.index("tp2")] = "refused"
-        if family.backbone in PIPELINE_REFUSALS:
-            cells[3 + COLUMNS.index("pp2")] = "refused"
-        lines.append("| " + " | ".join(cells + [chat]) + " |")
+        refused = recorded["refused"].get(row["backbone"], {})
+        cells = []
+        for column in COLUMNS:
+            if column in refused:
+                cells.append(_cell("refused", refused[column]))
+            else:
+                cells.append(_cell(*row["cells"].get(column, (None, None))))
+        chat = recorded["chat"].get(family.name)
+        cells.append(_cell(*chat) if chat else "")
+        lines.append("| " + " | ".join([family.display_name, name, route, *cells]) + " |")
     for family in families.FAMILIES:
         if family.route is None:
             lines.append(
                 f"| {family.display_name} | | refused: {family.unsupported_reason} "
-                + "| " * 13 + "|"
+                + "| " * (len(HEADINGS) + 1) + "|"
             )
         elif family.name not in tested and not family.embedder_only:
             lines.append(
-                f"| {family.display_name} | | not tested in this run "
-                + "| " * 13 + "|"
+                f"| {family.display_name} | | in no recorded run "
+                + "| " * (len(HEADINGS) + 1) + "|"
             )
-    return "\n".join(lines + _refusals()) + "\n"
+    reasons = _refusal_reasons(recorded["refused"])
+    if reasons:
+        lines += ["", "Refused, as the start-up error says:", "", *reasons]
+    lines += ["", "Runs:", ""]
+    lines += [
+        f"- {name}: {run['commit']}, {run['date']}" for name, run in recorded["runs"].items()
+    ]
+    return "\n".join(lines) + "\n"
 
 
-def _refusals():
-    """Each "refused" parallel cell's reason, in the refusal's own words."""
-    lines = ["", "Refused, as the start-up error says:", ""]
-    for family in families.FAMILIES:
-        if family.route is None or family.embedder_only:
-            continue
-        if not family.tensor_parallel:
-            reason = TENSOR_REFUSALS.get(family.backbone, "not mapped")
-            lines.append(f"- {family.display_name}, 2 ranks: {reason}.")
-        if family.backbone in PIPELINE_REFUSALS:
-            lines.append(
-                f"- {family.display_name}, 2 stages: "
-                f"{PIPELINE_REFUSALS[family.backbone]}."
-            )
+def _refusal_reasons(refused):
+    from vllm_keras_hub.settings import PIPELINE_REFUSALS
+    from vllm_keras_hub.settings import TENSOR_REFUSALS
+
+    layouts = {"tp2": ("2 ranks", TENSOR_REFUSALS), "pp2": ("2 stages", PIPELINE_REFUSALS)}
+    lines = []
+    for backbone, columns in refused.items():
+        family = families.family_for_backbone(backbone)
+        for column in sorted(columns):
+            layout, reasons = layouts[column]
+            lines.append(f"- {family.display_name}, {layout}: {reasons.get(backbone, 'refused')}.")
     return lines
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {"runs": {}, "rows": {}, "chat": {}, "refused": {}}
+
+
+RECORDED = "reports/support-matrix.json"
+PAGE = "docs/supported-families.md"
+START, END = "<!-- support-matrix:start -->", "<!-- support-matrix:end -->"
+
+
+def page_block(recorded):
+    """The generated block of `PAGE`, markers included."""
+    return f"{START}\n<!-- Generated by scripts/update-reports from {RECORDED}. -->\n{render(recorded)}{END}"
+
+
+def update(run_path, root="."):
+    """Merges the run at `run_path` into `RECORDED` and renders `PAGE`."""
+    import os
+    import re
+
+    with open(run_path) as f:
+        run = json.load(f)
+    recorded = merge(load(os.path.join(root, RECORDED)), run)
+    with open(os.path.join(root, RECORDED), "w") as f:
+        json.dump(recorded, f, indent=1)
+        f.write("\n")
+    page = os.path.join(root, PAGE)
+    with open(page) as f:
+        text = f.read()
+    pattern = re.escape(START) + ".*?" + re.escape(END)
+    text, count = re.subn(pattern, lambda _: page_block(recorded), text, flags=re.S)
+    if count != 1:
+        raise ValueError(f"{PAGE} has no support-matrix markers")
+    with open(page, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    import sys
+
+    update(sys.argv[1])
+    print(f"{RECORDED} and {PAGE} updated")
