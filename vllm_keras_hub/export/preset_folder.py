@@ -15,6 +15,7 @@ import os
 
 from vllm_keras_hub.export import audio_format
 from vllm_keras_hub.export import chat_templates
+from vllm_keras_hub.export import checkpoint_tokenizer
 from vllm_keras_hub.export import drafter as drafter_lib
 from vllm_keras_hub.export import embedder as embedder_lib
 from vllm_keras_hub.export import hf_config as config_lib
@@ -230,6 +231,50 @@ def adds_start_token(preset, tokenizer):
     return bool(add_start_token) and tokenizer.start_token_id is not None
 
 
+def read_tokenizers(preset, backbone_config, causal_lm_cls=None):
+    """keras-hub's tokenizer of `preset`, and a checkpoint's own, if it has one.
+
+    Args:
+        preset: A preset reference.
+        backbone_config: Its backbone config.
+        causal_lm_cls: Its `CausalLM` class, if it generates.
+
+    Returns:
+        `(tokenizer, checkpoint)`: the KerasHub tokenizer, and the
+        `tokenizers.Tokenizer` to serve instead, or `None`
+        (`checkpoint_tokenizer.read_checkpoint_tokenizer`).
+
+    Raises:
+        PresetError: either cannot be read, naming the preset and the cause.
+    """
+    from keras_hub.src.tokenizers.tokenizer import Tokenizer
+
+    # KerasHub bug: `Tokenizer.from_preset` of a checkpoint picks the first
+    # tokenizer class of its backbone in a `set`'s order (`find_subclass`),
+    # which changes from process to process: a Mistral checkpoint got
+    # `MistralTekkenTokenizer` (no vocabulary) as often as `MistralTokenizer`.
+    # The preprocessor's own tokenizer class is the one its task loads.
+    preprocessor_cls = getattr(causal_lm_cls, "preprocessor_cls", None)
+    tokenizer_cls = getattr(preprocessor_cls, "tokenizer_cls", None) or Tokenizer
+    try:
+        tokenizer = tokenizer_cls.from_preset(preset)
+    except Exception as e:  # noqa: BLE001 - re-raised with the preset named
+        # e.g. a checkpoint folder without the vocab.txt keras-hub's BERT
+        # converter reads (FileNotFoundError).
+        raise PresetError(
+            f"Cannot read the tokenizer of KerasHub preset '{preset}': "
+            f"{type(e).__name__}: {e}"
+        ) from e
+    vocabulary_size = model_dims(backbone_config)["vocab_size"]
+    try:
+        checkpoint = checkpoint_tokenizer.read_checkpoint_tokenizer(
+            preset, tokenizer, vocabulary_size
+        )
+    except checkpoint_tokenizer.CheckpointTokenizerError as e:
+        raise PresetError(f"Cannot serve the tokenizer of '{preset}': {e}") from e
+    return tokenizer, checkpoint
+
+
 def write_model_folder(preset, directory, max_model_len=None):
     """Writes the vLLM model folder of `preset` into `directory`.
 
@@ -244,12 +289,10 @@ def write_model_folder(preset, directory, max_model_len=None):
         tokenizer, `"keras_hub"` where only KerasHub's own tokenizer is exact
         (for PaliGemma, their image-first modes).
     """
-    from keras_hub.src.tokenizers.tokenizer import Tokenizer
-
     config_lib.register_config()
     preset = resolve_preset(preset)
     family, backbone_config, causal_lm_cls = read_preset(preset)
-    tokenizer = Tokenizer.from_preset(preset)
+    tokenizer, checkpoint = read_tokenizers(preset, backbone_config, causal_lm_cls)
     embedder = embedder_lib.read_embedder(preset, family.backbone, backbone_config)
     if embedder is None and family.embedder_only:
         raise embedder_lib.EmbedderError(
@@ -259,7 +302,14 @@ def write_model_folder(preset, directory, max_model_len=None):
         )
     if embedder is not None:
         return _write_embedder_folder(
-            preset, directory, family, backbone_config, tokenizer, embedder, max_model_len
+            preset,
+            directory,
+            family,
+            backbone_config,
+            tokenizer,
+            embedder,
+            max_model_len,
+            checkpoint=checkpoint,
         )
 
     dims = model_dims(backbone_config)
@@ -304,7 +354,11 @@ def write_model_folder(preset, directory, max_model_len=None):
     with open(os.path.join(directory, chat_templates.CHAT_TEMPLATE_FILE), "w") as f:
         f.write(chat_format.template)
     mode = _write_tokenizer(
-        preset, tokenizer, directory, add_start_token=adds_start_token(preset, tokenizer)
+        preset,
+        tokenizer,
+        directory,
+        add_start_token=adds_start_token(preset, tokenizer),
+        checkpoint=checkpoint,
     )
     if chat_format.response_template is not None:
         add_response_template(directory, chat_format.response_template)
@@ -325,24 +379,24 @@ def add_response_template(directory, response_template):
 
 
 def _write_embedder_folder(
-    preset, directory, family, backbone_config, tokenizer, embedder, max_model_len
+    preset, directory, family, backbone_config, tokenizer, embedder, max_model_len, checkpoint
 ):
     """`write_model_folder` for a text embedder: no chat or sampling files.
 
     Its prompts are tokenized as its `TextEmbedderPreprocessor` packs them:
     the start token where it packs one (`Embedder.start_token`), the end
-    token after.
+    token after; a checkpoint's by its own tokenizer. The longest text is
+    the least of the backbone's, the exact bidirectional window's
+    (`Embedder.max_tokens`) and a checkpoint's `max_seq_length`.
     """
     dims = model_dims(backbone_config)
     if max_model_len is not None:
         dims["max_position_embeddings"] = int(max_model_len)
-    limit = embedder.max_tokens
-    if limit is not None:
+    sentence_config = checkpoint_tokenizer.sentence_transformers_config(preset)
+    for limit, reason in embedder_lib.length_limits(embedder, sentence_config):
         if max_model_len is not None and int(max_model_len) > limit:
             raise embedder_lib.EmbedderError(
-                f"Cannot serve '{preset}' with max_model_len={max_model_len}: its "
-                f"bidirectional sliding-window attention is served exactly for texts "
-                f"of at most {limit} tokens (see export/embedder.py)."
+                f"Cannot serve '{preset}' with max_model_len={max_model_len}: {reason}."
             )
         dims["max_position_embeddings"] = min(dims["max_position_embeddings"], limit)
     model_config = config_lib.KerasHubConfig(
@@ -355,6 +409,10 @@ def _write_embedder_folder(
     )
     model_config.save_pretrained(directory)
     embedder.write_pooling_files(directory)
+    if sentence_config is not None:
+        checkpoint_tokenizer.write_sentence_transformers_config(
+            sentence_config, dims["max_position_embeddings"], directory
+        )
     # vLLM renders `messages` sent to /v1/embeddings with the chat template.
     message = (
         f"{embedder.task} embeds texts and has no chat format: send them as "
@@ -368,11 +426,20 @@ def _write_embedder_folder(
         directory,
         add_start_token=embedder.start_token,
         add_end_token=True,
+        checkpoint=checkpoint,
     )
 
 
-def _write_tokenizer(preset, tokenizer, directory, add_start_token, add_end_token=False):
-    """Exports the tokenizer; returns the tokenizer mode vLLM must use."""
+def _write_tokenizer(
+    preset, tokenizer, directory, add_start_token, add_end_token=False, checkpoint=None
+):
+    """Exports the tokenizer; returns the tokenizer mode vLLM must use.
+
+    A checkpoint's own tokenizer (`checkpoint`) is written as it is.
+    """
+    if checkpoint is not None:
+        checkpoint_tokenizer.write_checkpoint_tokenizer(preset, checkpoint, tokenizer, directory)
+        return "auto"
     try:
         tokenizer_export.export_tokenizer(
             tokenizer,

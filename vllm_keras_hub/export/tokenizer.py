@@ -156,7 +156,7 @@ def export_tokenizer(tokenizer, directory, add_start_token, add_end_token=False)
             "BytePairTokenizer) and SentencePiece (keras_hub.tokenizers."
             "SentencePieceTokenizer) tokenizers can be exported."
         )
-    special = _special_tokens(tokenizer, backend)
+    special = special_tokens(tokenizer, backend)
     start_token = special.get("bos_token") if add_start_token else None
     end_token = special.get("eos_token") if add_end_token else None
     backend.post_processor = _special_tokens_processor(backend, start_token, end_token)
@@ -171,7 +171,7 @@ def export_tokenizer(tokenizer, directory, add_start_token, add_end_token=False)
     config = {
         "tokenizer_class": TOKENIZER_CLASS,
         **special,
-        "extra_special_tokens": _extra_special_tokens(
+        "extra_special_tokens": extra_special_tokens(
             tokenizer, backend, special
         ),
         "add_bos_token": start_token is not None,
@@ -181,11 +181,12 @@ def export_tokenizer(tokenizer, directory, add_start_token, add_end_token=False)
     }
     os.makedirs(directory, exist_ok=True)
     backend.save(os.path.join(directory, TOKENIZER_FILE))
-    _write_json(os.path.join(directory, TOKENIZER_CONFIG_FILE), config)
-    _write_json(os.path.join(directory, SPECIAL_TOKENS_MAP_FILE), special)
+    write_json(os.path.join(directory, TOKENIZER_CONFIG_FILE), config)
+    write_json(os.path.join(directory, SPECIAL_TOKENS_MAP_FILE), special)
 
 
-def _write_json(path, value):
+def write_json(path, value):
+    """Writes `value` as indented UTF-8 JSON."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump(value, f, indent=2, ensure_ascii=False)
         f.write("\n")
@@ -403,7 +404,7 @@ def _is_special(backend, token):
     )
 
 
-def _special_tokens(tokenizer, backend):
+def special_tokens(tokenizer, backend):
     """The named special tokens, each special in `backend`."""
     name = type(tokenizer).__name__
     ids = {
@@ -436,7 +437,7 @@ def _special_tokens(tokenizer, backend):
     return special
 
 
-def _extra_special_tokens(tokenizer, backend, special):
+def extra_special_tokens(tokenizer, backend, special):
     """KerasHub's other special tokens that are special in `backend`."""
     named = set(special.values())
     return sorted(

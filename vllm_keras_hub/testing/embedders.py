@@ -104,7 +104,7 @@ def build_tiny_embedder(name, directory, seed=0):
     return directory
 
 
-def keras_hub_embeddings(preset, texts):
+def keras_hub_embeddings(preset, texts, token_ids=None):
     """The preset's own embeddings of `texts`, and each text's token count.
 
     What `TextEmbedder.encode_text(texts)` computes: its preprocessor packs
@@ -113,13 +113,31 @@ def keras_hub_embeddings(preset, texts):
     input pipeline needs `grain` or TensorFlow (neither is installed here),
     so the two steps are called directly.
 
+    Args:
+        preset: The embedder's preset.
+        texts: The texts.
+        token_ids: Each text's ids to feed the model instead of its
+            preprocessor's (a checkpoint's own tokenizer's), or `None`.
+
     Returns:
         `(embeddings, token_counts)`: a `(len(texts), size)` float64 array
         and a list of ints.
     """
-    embedder = keras_hub.models.TextEmbedder.from_preset(preset)
-    inputs = embedder.preprocessor(texts)
-    embeddings = keras.ops.convert_to_numpy(embedder(inputs, training=False))
-    counts = keras.ops.convert_to_numpy(inputs["padding_mask"]).sum(axis=1)
-    return embeddings.astype("float64"), [int(count) for count in counts]
+    import numpy as np
 
+    embedder = keras_hub.models.TextEmbedder.from_preset(preset)
+    if token_ids is None:
+        inputs = embedder.preprocessor(texts)
+        embeddings = keras.ops.convert_to_numpy(embedder(inputs, training=False))
+        counts = keras.ops.convert_to_numpy(inputs["padding_mask"]).sum(axis=1)
+        return embeddings.astype("float64"), [int(count) for count in counts]
+    # One text at a time, unpadded; segment 0, as the preprocessor packs one.
+    keys = embedder.preprocessor(texts[:1]).keys()
+    rows = []
+    for ids in token_ids:
+        ids = np.array([ids], dtype="int32")
+        inputs = {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)}
+        if "segment_ids" in keys:
+            inputs["segment_ids"] = np.zeros_like(ids)
+        rows.append(keras.ops.convert_to_numpy(embedder(inputs, training=False))[0])
+    return np.array(rows, dtype="float64"), [len(ids) for ids in token_ids]

@@ -5,7 +5,9 @@ vLLM's native embedders read (`modules.json`, pooling, dense projections);
 keras-hub's own converter loads that folder into a KerasHub backbone, which
 is saved as a `TextEmbedder` preset. vLLM native serves the folder, and
 vllm-keras-hub the preset. The folder gets the preset's exported tokenizer,
-so both tokenize alike.
+so both tokenize alike; BERT's gets transformers' own, as all-MiniLM's:
+lowercasing and accent stripping, and `max_seq_length` below its position
+table (`sentence_bert_config.json`).
 """
 
 import json
@@ -24,6 +26,9 @@ _TINY = dict(
     num_key_value_heads=2,
     head_dim=32,
 )
+# The BERT checkpoint's `max_seq_length`, below its 512 positions (as
+# all-MiniLM-L6-v2's 256).
+BERT_MAX_SEQ_LENGTH = 32
 # keras-hub's Gemma3 converter builds EmbeddingGemma's first projection
 # 3072 wide, whatever the checkpoint (`convert_gemma3.py`).
 _EMBEDDING_GEMMA_POOLING_DIM = 3072
@@ -134,9 +139,15 @@ PAIRS = {
 
 
 def _tokenizer(family):
-    from vllm_keras_hub.testing.embedders import encoder_tokenizer
+    import keras_hub
 
-    return encoder_tokenizer(family) if family == "bert" else make_tokenizer(family)
+    from vllm_keras_hub.testing.embedders import encoder_tokenizer
+    from vllm_keras_hub.testing.hf_tokenizers import BERT_EXTRA_PIECES
+
+    if family != "bert":
+        return make_tokenizer(family)
+    tokens = list(encoder_tokenizer(family).get_vocabulary()) + list(BERT_EXTRA_PIECES)
+    return keras_hub.tokenizers.BertTokenizer(vocabulary=tokens)
 
 
 def save_pair(name, directory, **shape):
@@ -166,16 +177,21 @@ def save_pair(name, directory, **shape):
     embedder_cls(backbone=backbone, preprocessor=preprocessor).save_to_preset(preset)
     if family == "bert":
         # WordPiece does not export: transformers' own BERT tokenizer of the
-        # same vocabulary (the test checks both give the same ids).
+        # same vocabulary, lowercasing (and so stripping accents) as
+        # all-MiniLM's does. On lowercase ASCII text it gives the preset's ids.
         import transformers
 
         tokens = tokenizer.get_vocabulary()
         transformers.BertTokenizer(
-            vocab={token: i for i, token in enumerate(tokens)}, do_lower_case=False
+            vocab={token: i for i, token in enumerate(tokens)}, do_lower_case=True
         ).save_pretrained(hf_folder)
         # As BERT checkpoints ship it; keras-hub's converter reads it.
         with open(os.path.join(hf_folder, "vocab.txt"), "w") as f:
             f.write("\n".join(tokens) + "\n")
+        _write_json(
+            os.path.join(hf_folder, "sentence_bert_config.json"),
+            {"max_seq_length": BERT_MAX_SEQ_LENGTH, "do_lower_case": False},
+        )
         return hf_folder, preset
     exported = os.path.join(directory, "exported")
     write_model_folder(preset, exported)

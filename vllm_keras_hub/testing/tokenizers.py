@@ -468,3 +468,33 @@ def make_tokenizer(family, images=False, chat=False, audio=False):
         proto = tiny_sentencepiece_proto(layout="llama")
         return keras_hub.tokenizers.MixtralTokenizer(proto=proto)
     raise ValueError(f"Unknown family {family!r}; expected one of {FAMILIES}.")
+
+
+def permuted_preset(preset, directory, first=300, second=301):
+    """A copy of a byte-level BPE preset whose tokens at two ids are swapped.
+
+    The same tokens, merges and weights: only the ids of the two tokens
+    differ, so every token of the vocabulary is still in it.
+
+    Args:
+        preset: A preset folder of a byte-level BPE family.
+        directory: Where to save the copy.
+        first: One id to swap.
+        second: The other.
+
+    Returns:
+        `directory`.
+    """
+    import shutil
+
+    import keras_hub
+
+    shutil.copytree(preset, directory)
+    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
+    by_id = {index: token for token, index in tokenizer.vocabulary.items()}
+    vocabulary = dict(tokenizer.vocabulary)
+    vocabulary[by_id[first]], vocabulary[by_id[second]] = second, first
+    config = tokenizer.get_config()
+    config.update(vocabulary=vocabulary, merges=tokenizer.merges)
+    type(tokenizer).from_config(config).save_to_preset(directory)
+    return directory
