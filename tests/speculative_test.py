@@ -271,5 +271,7 @@ def test_serve_names_a_bad_draft(shared):
         env=user_env(),
         timeout=300,
     )
-    assert result.returncode != 0
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("vllm-keras-hub: error: ")
     assert "another vocabulary than the target" in result.stderr
+    assert "Traceback" not in result.stderr
