@@ -51,6 +51,9 @@ TINY_EMBEDDERS = {
 _ENCODER = dict(
     num_layers=2, num_heads=4, hidden_dim=128, intermediate_dim=256, max_sequence_length=64
 )
+# The tiny WordPiece vocabulary of a sentence-transformers BERT checkpoint:
+# the tiny test vocabulary, and pieces of accent-stripped words.
+BERT_EXTRA_PIECES = ("cafe", "cr", "##eme", "²", "2", "≤", "日", "本")
 # The tiny BERT vocabulary: specials, punctuation, letters alone and as
 # word pieces (so every lowercase word tokenizes), and whole test words.
 _WORDPIECE_VOCABULARY = (

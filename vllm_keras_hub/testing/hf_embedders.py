@@ -142,7 +142,7 @@ def _tokenizer(family):
     import keras_hub
 
     from vllm_keras_hub.testing.embedders import encoder_tokenizer
-    from vllm_keras_hub.testing.hf_tokenizers import BERT_EXTRA_PIECES
+    from vllm_keras_hub.testing.embedders import BERT_EXTRA_PIECES
 
     if family != "bert":
         return make_tokenizer(family)

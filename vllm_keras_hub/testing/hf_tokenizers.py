@@ -50,9 +50,6 @@ _O200K_PATTERN = "|".join(
     )
 )
 
-# The tiny WordPiece vocabulary of a sentence-transformers BERT checkpoint:
-# the tiny test vocabulary, and pieces of accent-stripped words.
-BERT_EXTRA_PIECES = ("cafe", "cr", "##eme", "²", "2", "≤", "日", "本")
 
 _TINY = dict(
     hidden_size=128,
@@ -222,6 +219,7 @@ def _save_tokenizer(kind, folder):
 
     if kind == "wordpiece":
         from vllm_keras_hub.testing.embedders import _WORDPIECE_VOCABULARY
+        from vllm_keras_hub.testing.embedders import BERT_EXTRA_PIECES
 
         tokens = list(_WORDPIECE_VOCABULARY) + list(BERT_EXTRA_PIECES)
         # As sentence-transformers' all-MiniLM checkpoints: lowercased, and
