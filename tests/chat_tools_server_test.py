@@ -1,100 +1,57 @@
 """Agentic chat through `vllm-keras-hub serve` and the official `openai` client.
 
-One server per family with a tool format and thinking: Qwen3 (hermes tool
-calls, `<think>`) and Gemma 4 (its own call syntax, thought channel). Each
-tiny preset's tokenizer has the published vocabulary's tool and thinking
-tokens. Qwen3 runs under `vllm-keras-hub serve` with no parser flag, as a
-user would start it: `serve` picks the family's parsers. Gemma 4 runs under
-plain vLLM (`python -m vllm.entrypoints.openai.api_server`) on the folder
-`vllm-keras-hub export` writes, with the flags it prints.
+One server per tool format: Qwen3 and Qwen2.5 (hermes calls, Qwen3's
+`<think>`), Qwen3.5 (XML calls, `qwen3_coder`), Llama 3.1 (JSON calls,
+`llama3_json`), Gemma 4 (its own call syntax, thought channel) and GPT-OSS
+(harmony, `hf`). Each tiny preset's tokenizer has the published vocabulary's
+tool and thinking tokens. All but Gemma 4 run under `vllm-keras-hub serve`
+with no parser flag, as a user would start it: `serve` picks the family's
+parsers. Gemma 4 runs under plain vLLM (`python -m
+vllm.entrypoints.openai.api_server`) on the folder `vllm-keras-hub export`
+writes, with the flags it prints.
 
 Tiny random weights never choose a tool call, so the tests force the
-model's output with vLLM's structured outputs, in the model's own format,
-with a logit bias that makes the grammar's token choices the single special
-tokens a trained model emits. `enable_in_reasoning` lets the grammar cover
-the thinking too. What is checked is the serving path: the template's
-rendering, vLLM's parsers on the family's format, streamed and not, tool
-choice through vLLM's structural tags, and the Responses API.
+model's output (`testing/chat_tools.py`): vLLM's structured outputs, in the
+model's own format, with a logit bias that makes the grammar's token
+choices the single special tokens a trained model emits.
+`enable_in_reasoning` lets the grammar cover the thinking too. What is
+checked is the serving path: the template's rendering, vLLM's parsers on the
+family's format, streamed and not, tool choice through vLLM's structural
+tags, and the Responses API.
 """
 
-import copy
 import json
-import re
 import shlex
 import subprocess
 import sys
 import urllib.error
-import urllib.request
 
 import openai
 import pytest
 
 from vllm_keras_hub.export import chat_templates
+from vllm_keras_hub.testing import support_matrix
+from vllm_keras_hub.testing.chat_tools import FAMILIES
+from vllm_keras_hub.testing.chat_tools import FORCED_TOKENS
+from vllm_keras_hub.testing.chat_tools import MODEL
+from vllm_keras_hub.testing.chat_tools import QUESTION
+from vllm_keras_hub.testing.chat_tools import REASONING
+from vllm_keras_hub.testing.chat_tools import STRICT_TOOL
+from vllm_keras_hub.testing.chat_tools import TEMPLATE_KWARGS
+from vllm_keras_hub.testing.chat_tools import TOOL
+from vllm_keras_hub.testing.chat_tools import call_tokens_bias
+from vllm_keras_hub.testing.chat_tools import chat
+from vllm_keras_hub.testing.chat_tools import chat_tokens
+from vllm_keras_hub.testing.chat_tools import conversation
+from vllm_keras_hub.testing.chat_tools import forced
+from vllm_keras_hub.testing.chat_tools import no_whitespace
+from vllm_keras_hub.testing.chat_tools import official_prompt
+from vllm_keras_hub.testing.chat_tools import post
 from vllm_keras_hub.testing.server import console_script
 from vllm_keras_hub.testing.server import free_port
 from vllm_keras_hub.testing.server import running_server
 from vllm_keras_hub.testing.server import serve_command
-from vllm_keras_hub.testing.tokenizers import CHAT_TOKENS
 from vllm_keras_hub.testing.user_env import user_env
-
-MODEL = "tiny-agent"
-PARAMETERS = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
-    "required": ["city"],
-}
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the weather of a city.",
-        "parameters": PARAMETERS,
-    },
-}
-STRICT_TOOL = {"type": "function", "function": {**TOOL["function"], "strict": True}}
-QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
-REASONING = "Check the weather."
-# Enough for each family's forced output, spelled out by a tiny vocabulary.
-FORCED_TOKENS = 160
-
-# What a trained model of each family writes to think, then call the tool,
-# in its official format, and the stop token it ends that turn with; the
-# chat template kwargs that turn thinking on and off.
-FAMILIES = {
-    "qwen3": dict(
-        official="qwen3",
-        output=(
-            f"<think>\n{REASONING}\n</think>\n\n<tool_call>\n"
-            '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-        ),
-        end="<|im_end|>",
-        thinking={},
-        no_thinking={"enable_thinking": False},
-    ),
-    # GPT-OSS always thinks, in harmony's analysis channel.
-    "gpt_oss": dict(
-        official="gpt_oss",
-        output=(
-            f"<|channel|>analysis<|message|>{REASONING}<|end|><|start|>assistant"
-            "<|channel|>commentary to=functions.get_weather <|constrain|>json"
-            '<|message|>{"city": "Paris"}'
-        ),
-        end="<|call|>",
-        thinking={},
-        no_thinking={},
-    ),
-    "gemma4": dict(
-        official="gemma4",
-        output=(
-            f"<|channel>thought\n{REASONING}<channel|>"
-            '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
-        ),
-        # The official template writes the result into the model's turn.
-        end="<|tool_response>",
-        thinking={"enable_thinking": True},
-        no_thinking={},
-    ),
-}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -104,7 +61,7 @@ def family(request):
 
 @pytest.fixture(scope="module")
 def preset(shared, family):
-    return shared.preset(family, chat=True)
+    return shared.preset(FAMILIES[family]["preset"], chat=True)
 
 
 def plain_vllm_command(preset, folder):
@@ -149,56 +106,6 @@ def tokenizer(preset):
     return Tokenizer.from_preset(preset)
 
 
-def forced(tokenizer, family):
-    """Request fields that make the model write the family's output, with
-    its special tokens as single tokens wherever the text has them, then
-    its stop token (the grammar's end allows only stop tokens)."""
-    spec = FAMILIES[family]
-    tokens = [t for t in CHAT_TOKENS[family] if t in spec["output"]] + [spec["end"]]
-    bias = {str(tokenizer.token_to_id(t)): 100 for t in tokens}
-    return {"structured_outputs": {"regex": re.escape(spec["output"])}, "logit_bias": bias}
-
-
-def no_whitespace(tokenizer):
-    """A logit bias against whitespace-only tokens: JSON's optional
-    whitespace would otherwise take a random model's every token."""
-    vocabulary = tokenizer.get_vocabulary()
-    blanks = [i for i in range(len(vocabulary)) if not tokenizer.detokenize([i]).strip()]
-    return {str(i): -100 for i in blanks}
-
-
-def chat(client, messages, stream=False, **kwargs):
-    """`(reasoning, content, [(name, arguments)], finish_reason)` of a chat."""
-    response = client.chat.completions.create(
-        model=MODEL, messages=messages, temperature=0, stream=stream, **kwargs
-    )
-    if not stream:
-        choice = response.choices[0]
-        message = choice.message
-        calls = [
-            (call.function.name, json.loads(call.function.arguments))
-            for call in message.tool_calls or []
-        ]
-        reasoning = getattr(message, "reasoning", None) or ""
-        return reasoning, message.content or "", calls, choice.finish_reason
-    reasoning, content, names, arguments, finish = "", "", [], {}, None
-    for chunk in response:
-        if not chunk.choices:
-            continue
-        delta = chunk.choices[0].delta
-        reasoning += getattr(delta, "reasoning", None) or ""
-        content += delta.content or ""
-        for call in delta.tool_calls or []:
-            if call.function.name:
-                names.append(call.function.name)
-            arguments[call.index] = arguments.get(call.index, "") + (
-                call.function.arguments or ""
-            )
-        finish = chunk.choices[0].finish_reason or finish
-    calls = [(name, json.loads(arguments[i])) for i, name in enumerate(names)]
-    return reasoning, content, calls, finish
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_thinking_then_a_tool_call_are_parsed(client, tokenizer, family, stream):
     spec = FAMILIES[family]
@@ -207,10 +114,15 @@ def test_thinking_then_a_tool_call_are_parsed(client, tokenizer, family, stream)
         client, QUESTION, stream=stream, tools=[TOOL], max_tokens=FORCED_TOKENS,
         extra_body={**extra, "chat_template_kwargs": spec["thinking"]},
     )  # fmt: skip
-    assert reasoning.strip() == REASONING
+    assert reasoning.strip() == (REASONING if spec["thinks"] else "")
     assert content.strip() == ""
     assert calls == [("get_weather", {"city": "Paris"})]
     assert finish == "tool_calls"
+    chat_format = chat_templates.chat_format(spec["preset"], tokenizer.get_vocabulary())
+    served = f"tools: `{chat_format.tool_parser}`"
+    if spec["thinks"]:
+        served += f"; thinking: `{chat_format.reasoning_parser}`"
+    support_matrix.record_chat(spec["preset"], served + " (served)")
 
 
 def test_the_forced_output_uses_the_special_tokens(client, tokenizer, family):
@@ -226,93 +138,31 @@ def test_the_forced_output_uses_the_special_tokens(client, tokenizer, family):
     *ids, end = response.choices[0].token_ids
     assert tokenizer.id_to_token(end) == spec["end"]
     assert response.choices[0].finish_reason == "tool_calls"
-    used = {t for t in CHAT_TOKENS[family] if tokenizer.token_to_id(t) in ids}
-    assert used == {t for t in CHAT_TOKENS[family] if t in spec["output"]}
-
-
-def _conversation(family):
-    """A system message, the question, the model's call and its result."""
-    call = {
-        "id": "call12345",
-        "type": "function",
-        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-    }
-    return [
-        {"role": "system", "content": "You are a weather bot."},
-        *copy.deepcopy(QUESTION),
-        {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call12345", "content": '{"sky": "sunny"}'},
-    ]
-
-
-def _official_prompt(family, tokenizer):
-    """The conversation as the official template renders it, tokenized by
-    the preset's own KerasHub tokenizer (which reads `<bos>` as text).
-
-    The messages are as vLLM hands them to a template: each tool dumped with
-    all its fields, a call's arguments parsed, and a template that loops over
-    content parts (Gemma 4's) given the system and user texts as parts, which
-    it renders its own way.
-    """
-    from transformers.utils.chat_template_utils import render_jinja_template
-    from vllm.entrypoints.openai.chat_completion.protocol import (
-        ChatCompletionToolsParam,
-    )
-    from vllm.renderers.hf import _detect_content_format
-
-    template = chat_templates.official_template(FAMILIES[family]["official"])
-    messages = _conversation(family)
-    call = messages[2]["tool_calls"][0]["function"]
-    call["arguments"] = json.loads(call["arguments"])
-    if _detect_content_format(template, default="openai") == "openai":
-        for message in messages[:2]:
-            message["content"] = [{"type": "text", "text": message["content"]}]
-    (text,), _ = render_jinja_template(
-        conversations=[messages],
-        tools=[ChatCompletionToolsParam(**TOOL).model_dump()],
-        chat_template=template,
-        add_generation_prompt=True,
-        bos_token="<bos>",
-    )
-    ids = []
-    if text.startswith("<bos>"):
-        ids, text = [tokenizer.start_token_id], text[len("<bos>") :]
-    return text, ids + [int(i) for i in tokenizer.tokenize(text)]
-
-
-def _post(server, path, body):
-    request = urllib.request.Request(
-        f"{server}{path}",
-        data=json.dumps({"model": MODEL, **body}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return json.load(response)
+    used = {t for t in chat_tokens(family) if tokenizer.token_to_id(t) in ids}
+    assert used == {t for t in chat_tokens(family) if t in spec["output"]}
 
 
 def test_a_tool_result_renders_token_for_token_as_the_official_template(
     server, client, tokenizer, family
 ):
-    text, expected = _official_prompt(family, tokenizer)
+    text, expected = official_prompt(family, tokenizer)
     assert "sunny" in text and "get_weather" in text
-    served = _post(
+    served = post(
         server,
         "/tokenize",
-        {"messages": _conversation(family), "tools": [TOOL], "add_generation_prompt": True},
+        {
+            "messages": conversation(),
+            "tools": [TOOL],
+            "add_generation_prompt": True,
+            "chat_template_kwargs": TEMPLATE_KWARGS,
+        },
     )
     assert served["tokens"] == expected
     response = client.chat.completions.create(
-        model=MODEL, messages=_conversation(family), tools=[TOOL], max_tokens=2
-    )
+        model=MODEL, messages=conversation(), tools=[TOOL], max_tokens=2,
+        extra_body={"chat_template_kwargs": TEMPLATE_KWARGS},
+    )  # fmt: skip
     assert response.usage.prompt_tokens == len(expected)
-
-
-# What vLLM 0.32 does with a required or named tool choice, per parser:
-# hermes constrains the call with a structural tag in the model's format;
-# the gemma4 parser sets no constraint (for vLLM's own Gemma 4 too), so a
-# trained model's call is parsed and a random one finds none; the hf parser
-# (GPT-OSS) answers a 400, as it cannot constrain a response template.
-TOOL_CHOICE = {"qwen3": "constrained", "gemma4": "unconstrained", "gpt_oss": "refused"}
 
 
 @pytest.mark.parametrize(
@@ -322,26 +172,49 @@ TOOL_CHOICE = {"qwen3": "constrained", "gemma4": "unconstrained", "gpt_oss": "re
 )
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_tool_choice_forces_a_call_where_vllm_can(client, tokenizer, family, tool_choice, stream):
+    """What vLLM 0.32 does with a required or named tool choice, per parser
+    (`FAMILIES`, docs/chat.md): hermes, qwen3_coder and llama3_json constrain
+    the call with a structural tag in the model's format; the gemma4 parser
+    sets none; the hf parser (GPT-OSS) answers a 400, as it cannot constrain
+    a response template."""
+    spec = FAMILIES[family]
     request = dict(
         stream=stream, tools=[STRICT_TOOL], tool_choice=tool_choice,
-        parallel_tool_calls=False, max_tokens=60,
+        parallel_tool_calls=False, max_tokens=80,
         extra_body={
-            "logit_bias": no_whitespace(tokenizer),
-            "chat_template_kwargs": FAMILIES[family]["no_thinking"],
+            "logit_bias": {**no_whitespace(tokenizer), **call_tokens_bias(tokenizer, family)},
+            "chat_template_kwargs": spec["no_thinking"],
         },
     )  # fmt: skip
-    if TOOL_CHOICE[family] == "refused":
+    if spec["tool_choice"] == "refused":
         with pytest.raises(openai.BadRequestError, match="cannot guarantee"):
             chat(client, QUESTION, **request)
         return
-    _, content, calls, _ = chat(client, QUESTION, **request)
-    if TOOL_CHOICE[family] == "unconstrained":
-        assert calls == [], calls  # Fails once vLLM constrains it: update the docs.
+    if spec["tool_choice"] == "unconstrained" and tool_choice == "required":
+        # With no constraint of vLLM's, the request's own structured outputs
+        # stand (a structural tag would replace them, and the thinking they
+        # force with them), and the parser reads the model's own call.
+        request["max_tokens"] = FORCED_TOKENS
+        request["extra_body"] = {
+            **forced(tokenizer, family), "chat_template_kwargs": spec["thinking"]
+        }  # fmt: skip
+        reasoning, _, calls, _ = chat(client, QUESTION, **request)
+        assert reasoning.strip() == REASONING
+        assert calls == [("get_weather", {"city": "Paris"})]
         return
-    assert len(calls) == 1, content
-    name, arguments = calls[0]
-    assert name == "get_weather"
-    assert arguments["city"] in ("Paris", "Rome")
+    if spec["tool_choice"] == "unconstrained":
+        # vLLM refuses structured outputs beside a named choice, for every
+        # parser. Unconstrained, the named choice writes what "auto" writes.
+        request["max_tokens"] = 24
+        named = chat(client, QUESTION, **request)[:3]
+        assert named == chat(client, QUESTION, **{**request, "tool_choice": "auto"})[:3]
+        return
+    _, content, calls, _ = chat(client, QUESTION, **request)
+    # The arguments follow the schema because the tool is `strict`: vLLM
+    # constrains only the call around the arguments of a tool without it.
+    assert calls in ([("get_weather", {"city": "Paris"})], [("get_weather", {"city": "Rome"})]), (
+        content
+    )
 
 
 def test_the_responses_api_parses_thinking_and_a_tool_call(client, tokenizer, family):
@@ -363,7 +236,7 @@ def test_the_responses_api_parses_thinking_and_a_tool_call(client, tokenizer, fa
         for item in response.output
         if item.type == "function_call"
     ]
-    assert reasoning.strip() == REASONING
+    assert reasoning.strip() == (REASONING if spec["thinks"] else "")
     assert calls == [("get_weather", {"city": "Paris"})]
 
 
@@ -387,7 +260,7 @@ def test_bad_tool_input_gets_a_400_and_the_server_keeps_serving(
     server, client, family, body, cause
 ):
     with pytest.raises(urllib.error.HTTPError) as raised:
-        _post(server, "/v1/chat/completions", {"max_tokens": 2, **body})
+        post(server, "/v1/chat/completions", {"max_tokens": 2, **body})
     assert raised.value.code == 400
     assert cause in raised.value.read().decode()
     response = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2)

@@ -7,7 +7,7 @@ the published tool and thinking tokens, and parses what a trained model
 writes in that format. A conversation with tools, a call and its result
 tokenizes, as vLLM renders it, to the ids of the official template's text in
 the family's own KerasHub tokenizer. `tests/chat_tools_server_test.py` runs the same
-through servers, streamed too, for Qwen3, Gemma 4 and GPT-OSS.
+through servers, streamed too, for every family here but SmolLM3 (no tools).
 """
 
 import json
@@ -176,3 +176,38 @@ def test_a_tool_conversation_tokenizes_as_the_official_template_renders_it(
     specials = (*CHAT_TOKENS.get(family, ()), *getattr(keras_tokenizer, "special_tokens", ()))
     whole = [t for t in specials if t in official]
     assert whole and all(keras_tokenizer.token_to_id(t) in ids for t in whole)
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["plain", "strict"])
+def test_a_required_call_follows_the_schema_only_for_a_strict_tool(tokenizers, strict):
+    """What vLLM 0.32 asks of a Qwen3 call under `tool_choice="required"`
+    (docs/chat.md): the call opens at `<tool_call>`, so the blank line a
+    trained Qwen3 writes after `</think>` cannot come first, and the
+    arguments are any JSON unless the tool is `strict`. A trained tiny Qwen3
+    wrote wrong arguments that way, with vLLM's native Qwen3 as with ours."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.parser.parser_manager import ParserManager
+
+    _, tokenizer = tokenizers("qwen3")
+    parameters = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": parameters}}
+    if strict:
+        tool["function"]["strict"] = True
+    parser_cls = ParserManager.get_parser(
+        tool_parser_name="hermes",
+        reasoning_parser_name="qwen3",
+        enable_auto_tools=True,
+        tokenizer=tokenizer,
+    )
+    request = ChatCompletionRequest(
+        model="m",
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[tool],
+        tool_choice="required",
+    )
+    request = parser_cls(tokenizer, request.tools).adjust_request(request)
+    tags = json.loads(request.structured_outputs.structural_tag)["format"]["tags"]
+    assert {tag["begin"].split("{")[0] for tag in tags} == {"<tool_call>", "<tool_call>\n"}
+    assert {json.dumps(tag["content"]["json_schema"]) for tag in tags} == {
+        json.dumps(parameters if strict else True)
+    }

@@ -9,10 +9,10 @@ vLLM formats chat requests with a Jinja chat template, rendered by
 family's maintained format from `chat_format()`.
 
 Families whose instruction-tuned checkpoints call tools or reason use the
-official template itself, verbatim, from `templates/` (`OFFICIAL_SOURCES`
-names where each copy came from; the Hugging Face Hub is not reachable
-here), with the vLLM parsers that read that format's output. The others keep
-a text-only format written after their official template, below.
+official template itself, from `templates/` (`official_templates.py` names
+where each copy came from and pins it by SHA-256; the Hugging Face Hub is not
+reachable here), with the vLLM parsers that read that format's output. The
+others keep a text-only format written after their official template, below.
 
 vLLM tokenizes a rendered chat prompt with `add_special_tokens=False`, so
 each template writes the start token itself where the model expects one, and
@@ -31,9 +31,9 @@ template's constant says so. In short:
 """
 
 import dataclasses
-import functools
-import importlib.resources
 import json
+
+from vllm_keras_hub.export.official_templates import official_template
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 HF_TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -66,31 +66,6 @@ class ChatFormat:
     tool_parser: str | None = None
     reasoning_parser: str | None = None
     response_template: dict | None = None
-
-
-# Where each verbatim official template in `templates/` was copied from.
-OFFICIAL_SOURCES = {
-    "qwen2_5": "Qwen/Qwen2.5-7B-Instruct, via ggml-org/llama.cpp "
-    "models/templates/Qwen-Qwen2.5-7B-Instruct.jinja",
-    "qwen3": "Qwen/Qwen3-0.6B (the updated template), via vllm-project/vllm "
-    "rust/src/chat/tests/templates/qwen3.jinja",
-    "qwen3_5": "Qwen/Qwen3.5-4B, via ggml-org/llama.cpp models/templates/Qwen3.5-4B.jinja",
-    "llama3_1": "meta-llama/Llama-3.1-8B-Instruct, via ggml-org/llama.cpp "
-    "models/templates/meta-llama-Llama-3.1-8B-Instruct.jinja",
-    "gemma4": "google/gemma-4-*-it, via vllm-project/vllm "
-    "examples/tool_chat_template_gemma4.jinja (c408fdd, synced from the Hub)",
-    "smollm3": "HuggingFaceTB/SmolLM3-3B, via huggingface/swift-jinja "
-    "Tests/Templates/ChatTemplates.swift",
-    "gpt_oss": "openai/gpt-oss-120b, via ggml-org/llama.cpp "
-    "models/templates/openai-gpt-oss-120b.jinja (the same file as gpt-oss-20b's)",
-}
-
-
-@functools.cache
-def official_template(name):
-    """The verbatim official template `templates/<name>.jinja`."""
-    path = importlib.resources.files(__package__) / "templates" / f"{name}.jinja"
-    return path.read_text(encoding="utf-8")
 
 
 # google/gemma-3-*-it, text only. Gemma 1 and 2 share the turns, but their

@@ -2,9 +2,9 @@
 
 Each family with a tool format renders a conversation with a system message,
 a tool, the model's call and the tool's result through vLLM's own chat
-template entry point, and gets what the official template (copied verbatim,
-`chat_templates.OFFICIAL_SOURCES`) renders, with the call and result in the
-format its model card documents. `tests/chat_tools_server_test.py` checks
+template entry point, and gets what the official template (the pinned copy
+in `official_templates.OFFICIAL_SOURCES`) renders, with the call and result
+in the format its model card documents. `tests/chat_tools_server_test.py` checks
 the same through a server, token for token, and the parsers on the output.
 """
 
