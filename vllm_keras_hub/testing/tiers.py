@@ -37,6 +37,7 @@ SLICES = {
         "tests/vision_server_test.py::*[gemma4]",
         "tests/pali_gemma_server_test.py::*",
         "tests/speculative_test.py::test_serve_with_a_keras_hub_draft",
+        "tests/chat_tools_server_test.py::*[llama3_1*",
         "vllm_keras_hub/lora/merged_test.py::test_serve_merges_the_adapter_and_answers_the_openai_client",
         "vllm_keras_hub/lora/merged_test.py::test_preset_saved_after_lora_fine_tuning_serves_compiled",
         *(f"{_TP}[{f}]" for f in ("gemma", "qwen3_moe", "mistral", "qwen3", "phi3", "falcon",
@@ -62,6 +63,7 @@ SLICES = {
         "tests/mtp_test.py::test_the_assistant_at_two_ranks_drafts_as_its_preset",
         "tests/native_families_test.py::test_moe_families_*",
         "tests/native_families_test.py::test_qwen3_5_*",
+        "tests/chat_tools_server_test.py::*[qwen2_5*",
         *(f"{_PARITY}[{f}]" for f in ("opt", "gpt2", "mixtral", "qwen", "phi3_su")),
     ),
     # Pipeline parallelism for every family that can be cut, with images,
@@ -101,6 +103,7 @@ SLICES = {
         "vllm_keras_hub/lora/adapters_test.py::test_gemma4_serves_attention_adapters_and_refuses_its_mlps",
         "vllm_keras_hub/lora/adapters_test.py::test_a_changed_converter_converts_again",
         "vllm_keras_hub/smollm2_test.py::test_hf_export_matches_keras_hub",
+        "tests/chat_tools_server_test.py::*[qwen3_5*",
     ),
 }
 
