@@ -374,26 +374,19 @@ def test_gemma4_pipeline_keeps_kv_sharing_layers_with_their_sources(
     assert first["embedding"] and last["head"]
 
 
-@pytest.mark.parametrize(
-    "family, vision", [("qwen3_5", False), ("qwen3_5", True), ("qwen3_5_moe", False)]
-)
-def test_hybrid_pipeline_keeps_each_stages_state_on_its_rank(
-    family, vision, shared, tmp_path
-):
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_hybrid_pipeline_keeps_each_stages_state_on_its_rank(family, shared, tmp_path):
     """Qwen3.5 at 2 stages, on a tiny preset of 8 layers (Gated DeltaNet,
     attention every 4th): each stage holds its own layers' recurrent state
     in vLLM's state cache, and an attention layer, which vLLM 0.32 needs on
     every stage. The tokens are its full forward's (`generate()` is not
     exact for Qwen3.5, `model_test.py`). Qwen3.5-MoE's layers also carry
-    experts, each stage its own; a preset with a vision encoder, as all
-    published Qwen3.5 presets have, serves text as the text preset does."""
+    experts, each stage its own. A preset with a vision encoder, as all
+    published Qwen3.5 presets have, is `test_qwen3_5_images_in_each_layout`'s."""
     from vllm_keras_hub.testing.presets import build_tiny_preset
 
     preset = build_tiny_preset(
-        family,
-        str(tmp_path / family),
-        multimodal=vision,
-        backbone_overrides={"num_layers": 8},
+        family, str(tmp_path / family), backbone_overrides={"num_layers": 8}
     )
     expected = shared.oracle(preset, PROMPTS, MAX_NEW_TOKENS, full_forward=True)
     with parallel_llm(
@@ -405,21 +398,16 @@ def test_hybrid_pipeline_keeps_each_stages_state_on_its_rank(
     ) as llm:
         outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         reports = sorted(llm.collective_rpc(stage_report), key=lambda r: r["ranks"])
-    row = f"{family} + vision encoder" if vision else family
-    support_matrix.record(row, TINY_FAMILIES[family][1], pp2="FAIL")
+    support_matrix.record(family, TINY_FAMILIES[family][1], pp2="FAIL")
     _assert_greedy_parity(outputs, expected)
-    support_matrix.record(row, TINY_FAMILIES[family][1], pp2="pass (8 layers)")
+    support_matrix.record(family, TINY_FAMILIES[family][1], pp2="pass (8 layers)")
     first, last = reports
     assert (first["stage"], last["stage"]) == ((0, 4), (4, 8))
     assert first["experts"] == last["experts"] == 4 * (family == "qwen3_5_moe")
     assert first["attention"] == ["attention.3"] and last["attention"] == ["attention.7"]
     assert first["states"] == last["states"] == 3
     assert first["others"] == last["others"] == 0
-    # The vision encoder is the first stage's, and the last never reads it.
-    if vision:
-        assert first["vision_encoder"] > 0 and last["vision_encoder"] == 0
-    else:
-        assert first["vision_encoder"] is last["vision_encoder"] is None
+    assert first["vision_encoder"] is last["vision_encoder"] is None
 
 
 # family -> (image placeholder, engine settings): Gemma4's images are split
@@ -636,9 +624,16 @@ def test_qwen3_5_images_in_each_layout(layout, tmp_path):
     column = "tp2" if layout == "tensor" else "pp2"
     support_matrix.record(row, "Qwen3_5Backbone", **{column: "FAIL"})
     assert_tokens(outputs, expected)
-    support_matrix.record(row, "Qwen3_5Backbone", **{column: "pass, with images"})
+    cell = "pass, with images" + (" (8 layers)" if layout == "pipeline" else "")
+    support_matrix.record(row, "Qwen3_5Backbone", **{column: cell})
     if layout == "pipeline":
+        # Each stage its Gated DeltaNet states and an attention layer, and
+        # the first stage alone the vision encoder.
         first, last = sorted(reports, key=lambda r: r["ranks"])
+        assert (first["stage"], last["stage"]) == ((0, 4), (4, 8))
+        assert first["attention"] == ["attention.3"] and last["attention"] == ["attention.7"]
+        assert first["states"] == last["states"] == 3
+        assert first["others"] == last["others"] == 0
         assert first["vision_encoder"] > 0 and last["vision_encoder"] == 0
     else:
         for report in reports:

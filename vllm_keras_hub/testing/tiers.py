@@ -24,51 +24,72 @@ _PP = _P + "test_pipeline_parallel_greedy_parity"
 _PARITY = "tests/model_test.py::test_greedy_parity"
 
 SLICES = {
-    # Servers under load, restarts and other processes: reliability,
-    # a saved compile, plain vLLM, two disaggregated servers, Gemma4's
-    # media through its server; tensor parallelism for half the families.
+    # Servers under load, faults and restarts, and in other processes:
+    # plain vLLM, two disaggregated servers, two nodes, the servers of the
+    # media families beyond Gemma3n's; tensor parallelism for nine families.
     1: (
         "tests/reliability_test.py::*",
         "vllm_keras_hub/vllm_fixes/saved_compile_test.py::*",
         "vllm_keras_hub/entrypoints/cli_test.py::test_exported_vision_folder_serves_images_with_plain_vllm",
+        "vllm_keras_hub/entrypoints/cli_test.py::test_unsupported_parallelism_exits_before_the_engine_starts[qwen3*",
         "tests/plugin_test.py::test_plain_vllm_serves_a_hugging_face_model[jax]",
         "tests/disaggregation_test.py::test_two_servers_and_the_route_between_them",
         "tests/disaggregation_test.py::test_a_consumer_decodes_from_the_producers_kv[gemma4]",
+        "tests/vision_server_test.py::*[gemma3]",
         "tests/vision_server_test.py::*[gemma4]",
+        "tests/vision_server_test.py::*[qwen3_5]",
         "tests/pali_gemma_server_test.py::*",
         "tests/speculative_test.py::test_serve_with_a_keras_hub_draft",
+        "tests/speculative_test.py::test_a_draft_with_sliding_and_full_layers",
         "tests/chat_tools_server_test.py::*[llama3_1*",
         "vllm_keras_hub/lora/merged_test.py::test_serve_merges_the_adapter_and_answers_the_openai_client",
         "vllm_keras_hub/lora/merged_test.py::test_preset_saved_after_lora_fine_tuning_serves_compiled",
-        *(f"{_TP}[{f}]" for f in ("gemma", "qwen3_moe", "mistral", "qwen3", "phi3", "falcon",
-                                  "mixtral", "qwen_moe")),
-        *(f"{_PARITY}[{f}]" for f in ("llama", "mistral", "gemma", "phi3", "bloom")),
+        _P + "test_two_nodes_on_loopback_give_generates_tokens[*]",
+        _P + "test_data_parallel_across_two_nodes_gives_generates_tokens",
+        *(f"{_TP}[{f}]" for f in ("mistral", "falcon", "qwen3_moe", "mixtral", "qwen3",
+                                  "qwen_moe", "gemma", "phi3", "gemma4")),
+        *(f"{_PARITY}[{f}]" for f in ("mistral", "bloom", "gemma", "phi3", "llama", "gemma2",
+                                      "qwen3", "gemma3n", "qwen_moe")),
+        *(f"tests/native_families_test.py::test_same_greedy_tokens_as_vllm_native[{f}]"
+          for f in ("qwen", "gpt2", "mistral", "gemma", "gemma3", "llama3")),
+        "tests/speculative_native_test.py::test_an_eagle3_head_on_gemma3",
+        "tests/speculative_native_test.py::test_a_head_reading_an_intermediate_layer_drafts_as_vllm_native[embeddings]",
+        "tests/mtp_test.py::test_an_image_target_with_its_assistant_gives_generates_tokens",
+        "tests/vision_qwen3_5_test.py::test_other_positions_would_be_wrong[*]",
+        "tests/vision_pali_gemma_test.py::test_pali_gemma_2_prefixes_past_the_sliding_window",
     ),
-    # Tensor parallelism for the other families and with images, adapters,
-    # drafts and two nodes; vLLM native's MoE and Qwen3.5 cross-checks.
+    # Tensor parallelism for the other families, and with media, adapters,
+    # drafts and the assistant; vLLM native's MoE, Qwen3.5, embedding and
+    # logprob cross-checks.
     2: (
-        *(f"{_TP}[{f}]" for f in ("bloom", "gpt_oss", "smollm3", "gpt_neox", "gemma4_moe",
-                                  "gemma2", "gpt2", "qwen", "llama", "phi3_su", "gemma3n",
-                                  "qwen3_5", "gemma3", "opt", "qwen3_5_moe")),
+        *(f"{_TP}[{f}]" for f in ("gpt2", "smollm3", "gemma3n", "gpt_oss", "phi3_su", "gemma3",
+                                  "qwen", "opt", "gpt_neox", "qwen3_5", "qwen3_5_moe", "llama",
+                                  "bloom", "gemma2", "gemma4_moe")),
         _P + "test_a_multimodal_preset_serves_text_at_two_ranks[*]",
         _P + "test_tensor_parallel_images_match_generate[gemma4]",
         _P + "test_tensor_parallel_images_match_generate[gemma3n]",
         _P + "test_adapters_per_request_at_two_ranks",
         _P + "test_an_eagle3_head_and_a_draft_model_at_two_ranks",
         _P + "test_pali_gemma_at_two_ranks_matches_generate",
-        _P + "test_two_nodes_on_loopback_give_generates_tokens[*]",
-        _P + "test_data_parallel_across_two_nodes_gives_generates_tokens",
         _P + "test_qwen3_5_images_in_each_layout[tensor]",
         _P + "test_bidirectional_gemma4_images_in_each_layout[tensor]",
         "tests/mtp_test.py::test_the_assistant_at_two_ranks_drafts_as_its_preset",
         "tests/native_families_test.py::test_moe_families_*",
         "tests/native_families_test.py::test_qwen3_5_*",
+        "tests/embeddings_native_test.py::*[bert]",
+        "tests/embeddings_native_test.py::*[qwen3]",
+        "tests/features_test.py::test_logprobs_match_vllm_native",
+        "tests/features_test.py::test_ngram_speculative_decoding",
         "tests/chat_tools_server_test.py::*[qwen2_5*",
-        *(f"{_PARITY}[{f}]" for f in ("opt", "gpt2", "mixtral", "qwen", "phi3_su")),
+        "tests/model_test.py::test_multimodal_presets_serve_text_as_generate[gemma3n]",
+        "tests/model_test.py::test_multimodal_presets_serve_text_as_generate[gemma4]",
+        "tests/model_test.py::test_multimodal_presets_serve_text_as_generate[qwen3_5]",
+        *(f"{_PARITY}[{f}]" for f in ("opt", "gpt2", "mixtral", "qwen", "phi3_su", "falcon",
+                                      "gpt_neox")),
     ),
-    # Pipeline parallelism for every family that can be cut, with images,
-    # KV sharing, state and adapters; the rest of vLLM native's
-    # cross-checks; further multimodal, adapter and draft cases.
+    # Pipeline parallelism for every family that can be cut, and with
+    # images, KV sharing, state, adapters and 2 ranks a stage; further
+    # Gemma4, draft and adapter cases.
     3: (
         *(f"{_PP}[{f}-False]" for f in ("gemma3", "gpt2", "gpt_neox", "smollm3", "qwen",
                                         "gemma2", "bloom", "gpt_oss", "qwen3_moe", "falcon",
@@ -82,18 +103,7 @@ SLICES = {
         _P + "test_tensor_and_pipeline_parallel_together[*]",
         _P + "test_qwen3_5_images_in_each_layout[pipeline]",
         _P + "test_bidirectional_gemma4_images_in_each_layout[pipeline]",
-        *(f"tests/native_families_test.py::test_same_greedy_tokens_as_vllm_native[{f}]"
-          for f in ("qwen", "gpt2", "mistral", "gemma")),
-        "tests/embeddings_native_test.py::*[bert]",
-        "tests/embeddings_native_test.py::*[qwen3]",
-        "tests/features_test.py::test_logprobs_match_vllm_native",
         "tests/features_test.py::test_data_parallel_matches_one_engine",
-        "tests/features_test.py::test_ngram_speculative_decoding",
-        "tests/model_test.py::test_multimodal_presets_serve_text_as_generate[gemma3n]",
-        "tests/model_test.py::test_multimodal_presets_serve_text_as_generate[gemma4]",
-        "tests/model_test.py::test_multimodal_presets_serve_text_as_generate[qwen3_5]",
-        *(f"{_PARITY}[{f}]" for f in ("qwen3_5_moe", "gemma4_moe", "smollm3", "falcon",
-                                      "gpt_neox", "qwen_moe", "gemma3n")),
         "tests/speculative_native_test.py::test_an_eagle3_head_compiled_and_chunked",
         "tests/mtp_test.py::*[compiled]",
         "tests/preemption_test.py::*[gemma4]",
@@ -104,6 +114,7 @@ SLICES = {
         "vllm_keras_hub/lora/adapters_test.py::test_a_changed_converter_converts_again",
         "vllm_keras_hub/smollm2_test.py::test_hf_export_matches_keras_hub",
         "tests/chat_tools_server_test.py::*[qwen3_5*",
+        *(f"{_PARITY}[{f}]" for f in ("gemma4_moe", "qwen3_5_moe", "smollm3")),
     ),
 }
 
