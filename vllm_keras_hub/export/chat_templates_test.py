@@ -190,6 +190,7 @@ def test_pali_gemma_renders_one_prompt_and_refuses_conversations():
     assert _render("pali_gemma", [message]) == "<bos>caption en\n"
     with pytest.raises(VLLMValidationError, match="single user message"):
         _render("pali_gemma", CONVERSATION)
+    support_matrix.record_chat("pali_gemma", "one prompt, no conversation")
 
 
 def test_llama3_without_system_starts_with_bos_once():
