@@ -193,6 +193,19 @@ def pytest_report_header(config):
     return None
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Says how many tests of each tier ran, also under `-q`."""
+    from vllm_keras_hub.testing import tiers
+
+    ran = {}
+    for nodeid in _TIMES:
+        name = tiers.tier_name(nodeid)
+        ran[name] = ran.get(name, 0) + 1
+    if ran:
+        counts = ", ".join(f"{ran[name]} {name}" for name in sorted(ran))
+        terminalreporter.write_line(f"tiers: {counts}")
+
+
 _TIMES = {}
 _STARTED = []
 
