@@ -47,7 +47,7 @@ _ROOT = os.path.dirname(os.path.abspath(__file__))
 DURATIONS = os.path.join(_ROOT, "reports", "test-durations.json")
 LAST_RUN = os.path.join(_ROOT, "reports", "test-run.json")
 # A test not timed yet counts as this long.
-_UNTIMED_S = 10.0
+UNTIMED_S = 10.0
 
 
 @pytest.fixture(scope="session")
@@ -69,8 +69,12 @@ def default_server():
     (compiled), with an API key: `(base_url, process)`.
 
     One server for `server_test.py` and `reliability_test.py`, which share
-    an xdist work unit (`GROUPS`), so the compile is paid once.
+    an xdist work unit (`GROUPS`), so the compile is paid once. It stops
+    after the unit's last test (`pytest_runtest_teardown`): an idle vLLM
+    server polls, and took a fifth of a core from the rest of the run.
     """
+    import contextlib
+
     from vllm_keras_hub.smollm2 import DEFAULT_MODEL_NAME
     from vllm_keras_hub.testing.server import DEFAULT_SERVER_API_KEY as api_key
     from vllm_keras_hub.testing.server import free_port
@@ -82,10 +86,23 @@ def default_server():
         "--port", str(port), "--max-model-len", "512", "--max-num-seqs", "16",
         "--api-key", api_key,
     )  # fmt: skip
-    with running_server(
-        command, port, model_name=DEFAULT_MODEL_NAME, api_key=api_key
-    ) as (base_url, process):
-        yield base_url, process
+    with contextlib.ExitStack() as stack:
+        _RUNNING_SERVERS[:] = [stack]
+        yield stack.enter_context(
+            running_server(command, port, model_name=DEFAULT_MODEL_NAME, api_key=api_key)
+        )
+
+
+# The default server's exit stack while it runs.
+_RUNNING_SERVERS = []
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Stops the default server once its work unit is done."""
+    unit = "default_server"
+    if _RUNNING_SERVERS and work_unit(item.nodeid) == unit:
+        if nextitem is None or work_unit(nextitem.nodeid) != unit:
+            _RUNNING_SERVERS.pop().close()
 
 
 # xdist work units: the tests of one unit run on one worker, in order. A
@@ -180,7 +197,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, f"slice{number}"))
         key = work_unit(item.nodeid)
         first, total = units.get(key, (index, 0.0))
-        units[key] = (first, total + durations.get(item.nodeid, _UNTIMED_S))
+        units[key] = (first, total + durations.get(item.nodeid, UNTIMED_S))
         keys.append(key)
     order = [(-units[key][1], units[key][0], index) for index, key in enumerate(keys)]
     items[:] = [item for _, item in sorted(zip(order, items), key=lambda pair: pair[0])]
@@ -235,9 +252,12 @@ def _write_run(session, exitstatus):
             cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
     except (OSError, StopIteration):
         cpu = platform.processor()
+    from vllm_keras_hub.testing.support_matrix import commit_of
+
     workers = getattr(session.config.option, "numprocesses", None) or 0
     _write_json(LAST_RUN, {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "commit": commit_of(_ROOT),
         "machine": f"{os.cpu_count()} cores ({cpu})",
         "workers": workers,
         "wall_s": round(time.time() - _STARTED[0], 1),

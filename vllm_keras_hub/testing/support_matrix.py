@@ -53,17 +53,22 @@ def record_refusal(backbone, column):
     REFUSED.setdefault(backbone, set()).add(column)
 
 
-def this_run(root):
-    """This run's cells, with the commit it ran (None if the checkout had
-    changes besides reports) and its date."""
+def commit_of(root):
+    """The commit checked out at `root`, or None if the checkout has changes
+    besides reports."""
     def git(*args):
         return subprocess.run(
             ["git", *args], cwd=root, capture_output=True, text=True, check=False
         ).stdout.strip()
 
     changed = git("status", "--porcelain", "--", ".", ":!reports", ":!build")
+    return None if changed else (git("rev-parse", "--short", "HEAD") or None)
+
+
+def this_run(root):
+    """This run's cells, with the commit it ran (`commit_of`) and its date."""
     return {
-        "commit": None if changed else (git("rev-parse", "--short", "HEAD") or None),
+        "commit": commit_of(root),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "rows": RESULTS,
         "chat": CHAT,
