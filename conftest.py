@@ -43,7 +43,7 @@ os.environ["VLLM_KERAS_HUB_CACHE"] = os.path.join(_CACHE_ROOT, "vllm-keras-hub")
 _ROOT = os.path.dirname(os.path.abspath(__file__))
 # Per-test durations of the last runs (setup, call and teardown, seconds),
 # which every run updates: they order the next run, longest work first.
-# Beside them, the last run's wall time, machine and outcome.
+# Beside them, the last whole run's wall time, machine and outcome.
 DURATIONS = os.path.join(_ROOT, "reports", "test-durations.json")
 LAST_RUN = os.path.join(_ROOT, "reports", "test-run.json")
 # A test not timed yet counts as this long.
@@ -124,12 +124,17 @@ GROUPS = {
 ALL_NODEIDS = pytest.StashKey[list]()
 
 
+def _whole(config):
+    """Whether this run collected the whole suite (before `-m`)."""
+    return not config.args or sorted(config.args) == sorted(config.getini("testpaths"))
+
+
 @pytest.fixture(scope="session")
 def all_nodeids(request):
     """Every test of the suite, both tiers: this run's collection where it
     collected everything, else a collection of its own."""
     config = request.config
-    if not config.args or sorted(config.args) == sorted(config.getini("testpaths")):
+    if _whole(config):
         return config.stash[ALL_NODEIDS]
     import subprocess
     import sys
@@ -300,7 +305,8 @@ def pytest_sessionfinish(session, exitstatus):
         return
     if _TIMES:
         _write_durations()
-        _write_run(session, exitstatus)
+        if _whole(session.config):
+            _write_run(session, exitstatus)
     if support_matrix.RESULTS or support_matrix.CHAT or support_matrix.REFUSED:
         _write_json(reports.path("support_matrix.json"), support_matrix.this_run(_ROOT))
 

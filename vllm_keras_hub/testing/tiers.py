@@ -7,7 +7,7 @@ moves the count on by one slice (`scripts/test --slices` shows where it
 stands) runs the next slice, so each claim the extended tier proves is
 proven at least once every three landings. A cold landing must stay within
 45 minutes on 2 cores: the default tier and its heaviest slice together
-(`tests/conftest_test.py` checks the recorded durations).
+(`tests/tiers_test.py` checks them against a recorded run).
 
 Patterns are node ids, `*` any text. A test in no slice is in the default
 tier.
@@ -26,7 +26,8 @@ _PARITY = "tests/model_test.py::test_greedy_parity"
 SLICES = {
     # Servers under load, faults and restarts, and in other processes:
     # plain vLLM, two disaggregated servers, two nodes, the servers of the
-    # media families beyond Gemma3n's; tensor parallelism for nine families.
+    # media families beyond Gemma3n's; tensor parallelism for nine families,
+    # greedy parity for nine and six of vLLM native's cross-checks.
     1: (
         "tests/reliability_test.py::*",
         "vllm_keras_hub/vllm_fixes/saved_compile_test.py::*",
@@ -57,6 +58,12 @@ SLICES = {
         "tests/mtp_test.py::test_an_image_target_with_its_assistant_gives_generates_tokens",
         "tests/vision_qwen3_5_test.py::test_other_positions_would_be_wrong[*]",
         "tests/vision_pali_gemma_test.py::test_pali_gemma_2_prefixes_past_the_sliding_window",
+        "tests/disaggregation_test.py::test_images_clips_and_videos_are_encoded_on_the_prefill_side_only",
+        "tests/speculative_native_test.py::test_vllm_native_llama_with_the_same_head_accepts_the_same",
+        "tests/preemption_test.py::*[mistral]",
+        "tests/embeddings_native_test.py::test_max_seq_length_limits_texts_as_in_vllm_native",
+        "vllm_keras_hub/lora/merged_test.py::test_adapter_merged_at_load_serves_keras_hubs_lora_tokens",
+        "vllm_keras_hub/lora/adapters_test.py::test_serve_picks_the_adapter_by_the_openai_model_field",
     ),
     # Tensor parallelism for the other families, and with media, adapters,
     # drafts and the assistant; vLLM native's MoE, Qwen3.5, embedding and
@@ -114,6 +121,12 @@ SLICES = {
         "vllm_keras_hub/lora/adapters_test.py::test_a_changed_converter_converts_again",
         "vllm_keras_hub/smollm2_test.py::test_hf_export_matches_keras_hub",
         "tests/chat_tools_server_test.py::*[qwen3_5*",
+        "tests/vision_gemma4_bidirectional_test.py::test_images_in_a_batch_match_the_full_forward",
+        "tests/vision_gemma4_bidirectional_test.py::test_generate_attends_causally_over_images",
+        "tests/vision_gemma4_bidirectional_test.py::test_prompt_logprobs_over_an_image_match_the_full_forward",
+        "tests/embeddings_native_test.py::*[embedding_gemma]",
+        "vllm_keras_hub/lora/adapters_test.py::test_an_moe_family_gives_each_row_its_adapter",
+        "tests/speculative_test.py::test_the_target_drafting_for_itself_compiled_and_chunked",
         *(f"{_PARITY}[{f}]" for f in ("gemma4_moe", "qwen3_5_moe", "smollm3")),
     ),
 }
