@@ -233,7 +233,16 @@ _STARTED = []
 
 
 def pytest_sessionstart(session):
+    """Starts the clock, and on the controller clears the last run's outputs:
+    `scripts/update-reports` must copy this run's, not a report an earlier
+    run left beside them."""
+    import shutil
+
+    from vllm_keras_hub.testing import reports
+
     _STARTED.append(time.time())
+    if not hasattr(session.config, "workerinput"):
+        shutil.rmtree(reports.RUN_REPORTS, ignore_errors=True)
 
 
 def pytest_runtest_logreport(report):
