@@ -1,4 +1,3 @@
-import fnmatch
 import json
 import os
 import time
@@ -41,12 +40,7 @@ os.environ["VLLM_CACHE_ROOT"] = os.path.join(_CACHE_ROOT, "vllm")
 os.environ["VLLM_KERAS_HUB_CACHE"] = os.path.join(_CACHE_ROOT, "vllm-keras-hub")
 
 _ROOT = os.path.dirname(os.path.abspath(__file__))
-# Per-test durations of the last runs (setup, call and teardown, seconds),
-# which every run updates: they order the next run, longest work first.
-# Beside them, the last whole run's wall time, machine and outcome.
-DURATIONS = os.path.join(_ROOT, "reports", "test-durations.json")
-LAST_RUN = os.path.join(_ROOT, "reports", "test-run.json")
-# A test not timed yet counts as this long.
+# A test the recorded run did not time counts as this long.
 UNTIMED_S = 10.0
 
 
@@ -181,15 +175,18 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Marks the extended tier, and orders the work units longest first by
-    the durations the last runs wrote, so the two workers finish close
-    together; tests within a unit keep their order. xdist
-    (`--no-loadscope-reorder`) hands the units out in this order.
+    """Marks the extended tier and each test's slice, keeps the whole
+    collection for `all_nodeids`, and orders the work units longest first by
+    the recorded run's durations, so the two workers finish close together;
+    tests within a unit keep their order. xdist (`--no-loadscope-reorder`)
+    hands the units out in this order.
     """
     from vllm_keras_hub.testing import tiers
 
+    from vllm_keras_hub.testing import reports
+
     try:
-        with open(DURATIONS) as f:
+        with open(reports.DURATIONS) as f:
             durations = json.load(f)
     except (OSError, ValueError):
         durations = {}
@@ -233,16 +230,28 @@ _STARTED = []
 
 
 def pytest_sessionstart(session):
-    """Starts the clock, and on the controller clears the last run's outputs:
-    `scripts/update-reports` must copy this run's, not a report an earlier
-    run left beside them."""
+    """Starts the clock, notes whether the test cache is cold, and on the
+    controller clears the last run's outputs: `scripts/update-reports` must
+    copy this run's, not a report an earlier run left beside them."""
     import shutil
 
     from vllm_keras_hub.testing import reports
 
     _STARTED.append(time.time())
-    if not hasattr(session.config, "workerinput"):
+    _COLD.append(not os.path.isdir(_CACHE_ROOT) or not os.listdir(_CACHE_ROOT))
+    config = session.config
+    if not hasattr(config, "workerinput") and not config.option.collectonly:
         shutil.rmtree(reports.RUN_REPORTS, ignore_errors=True)
+
+
+def pytest_collection_finish(session):
+    _COLLECTED[:] = [len(session.items)]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """The controller's count of the tests the run selected."""
+    _COLLECTED[:] = [len(ids)]
 
 
 def pytest_runtest_logreport(report):
@@ -250,53 +259,46 @@ def pytest_runtest_logreport(report):
     _TIMES[report.nodeid] = _TIMES.get(report.nodeid, 0.0) + report.duration
 
 
-def _write_json(path, value):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(value, f, indent=0 if path == DURATIONS else 2)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
+_COLD = []
+_COLLECTED = []
 
 
 def _write_run(session, exitstatus):
-    import platform
-
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        cpu = platform.processor()
+    """This run's durations and record, in `build/test-reports/`."""
+    from vllm_keras_hub.testing import reports
     from vllm_keras_hub.testing.support_matrix import commit_of
 
-    workers = getattr(session.config.option, "numprocesses", None) or 0
-    _write_json(LAST_RUN, {
-        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "commit": commit_of(_ROOT),
-        "machine": f"{os.cpu_count()} cores ({cpu})",
-        "workers": workers,
-        "wall_s": round(time.time() - _STARTED[0], 1),
-        "tests_s": round(sum(_TIMES.values()), 1),
-        "tests": len(_TIMES),
-        "extended_slice": int(LANDING_SLICE) if LANDING_SLICE else None,
-        "extended_tests": sum(extended(nodeid) for nodeid in _TIMES),
-        "failed": session.testsfailed,
-        "exit_status": int(exitstatus),
-    })
-
-
-def _write_durations():
-    try:
-        with open(DURATIONS) as f:
-            known = json.load(f)
-    except (OSError, ValueError):
-        known = {}
-    known.update({nodeid: round(seconds, 2) for nodeid, seconds in _TIMES.items()})
-    _write_json(DURATIONS, dict(sorted(known.items())))
+    config = session.config
+    # Every test of a landing's tiers, or of all, ran: none was picked by
+    # path, -k, --lf or --deselect, and none left out by -x or a crash.
+    whole = (
+        _whole(config)
+        and not config.option.keyword
+        and not config.getoption("deselect", None)
+        and not config.getoption("lf", False)
+        and _COLLECTED == [len(_TIMES)]
+        and (not config.option.markexpr or config.option.markexpr.startswith("not extended"))
+    )
+    times = {nodeid: round(seconds, 2) for nodeid, seconds in sorted(_TIMES.items())}
+    reports.write_json(reports.path(reports.RUN_DURATIONS), times)
+    reports.write_json(reports.path(reports.RUN_RECORD), reports.run_record(
+        commit=commit_of(_ROOT),
+        workers=getattr(config.option, "numprocesses", None) or 0,
+        wall_s=time.time() - _STARTED[0],
+        times=times,
+        whole=bool(whole),
+        cold_cache=bool(_COLD and _COLD[0]),
+        extended_slice=int(LANDING_SLICE) if LANDING_SLICE else None,
+        extended_tests=sum(extended(nodeid) for nodeid in _TIMES),
+        failed=session.testsfailed,
+        exit_status=int(exitstatus),
+    ))  # fmt: skip
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Writes what the run measured: per-test durations, and the support
-    matrix cells the tests recorded, with this run's commit and date.
+    """Writes what the run measured into `build/test-reports/`: per-test
+    durations, the run's record, and the support matrix cells the tests
+    recorded, with this run's commit and date.
 
     Under pytest-xdist (scripts/test), a worker hands its cells to the
     controller instead, which merges them in `pytest_testnodedown`; the
@@ -313,11 +315,9 @@ def pytest_sessionfinish(session, exitstatus):
         }
         return
     if _TIMES:
-        _write_durations()
-        if _whole(session.config):
-            _write_run(session, exitstatus)
+        _write_run(session, exitstatus)
     if support_matrix.RESULTS or support_matrix.CHAT or support_matrix.REFUSED:
-        _write_json(reports.path("support_matrix.json"), support_matrix.this_run(_ROOT))
+        reports.write_json(reports.path("support_matrix.json"), support_matrix.this_run(_ROOT))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -5,8 +5,10 @@ import json
 
 import pytest
 
-from conftest import DURATIONS, LAST_RUN, UNTIMED_S
+from conftest import UNTIMED_S
 from vllm_keras_hub.testing import tiers
+from vllm_keras_hub.testing.reports import DURATIONS
+from vllm_keras_hub.testing.reports import LAST_RUN
 
 # `.ci/run` must pass in 45 minutes from a fresh clone with an empty test
 # cache; its setup took 1.6 minutes in CI (a66f348) and 1.4 here (1210693).
@@ -43,9 +45,10 @@ def test_the_landings_take_turns():
 
 @pytest.mark.parametrize("number", sorted(tiers.SLICES))
 def test_each_landing_fits_the_budget(all_nodeids, number):
-    """Each landing's recorded work at the pace of the last whole run
-    (`reports/test-run.json`: its wall time per second of test time), so
-    the machine's speed and the workers' overlap are measured, not guessed."""
+    """Each landing's recorded work at the pace of the recorded run (a cold,
+    whole run on two workers, `testing/reports.py`: its wall time per second
+    of test time), so the machine's speed and the workers' overlap are
+    measured, not guessed."""
     with open(DURATIONS) as f:
         durations = json.load(f)
     with open(LAST_RUN) as f:
