@@ -327,9 +327,10 @@ def pytest_testnodedown(node, error):
     cells = getattr(node, "workeroutput", {}).get("support_matrix", {})
     for name, values in cells.get("rows", {}).items():
         support_matrix.RESULTS.setdefault(name, {}).update(values)
-    for name, values in cells.get("chat", {}).items():
-        for value in values:
-            support_matrix.record_chat(name, value)
+    for name, kinds in cells.get("chat", {}).items():
+        for kind, values in kinds.items():
+            for value in values:
+                support_matrix.record_chat(name, value, served=kind == "served")
     for backbone, columns in cells.get("refused", {}).items():
         for column in columns:
             support_matrix.record_refusal(backbone, column)

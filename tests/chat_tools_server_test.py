@@ -122,7 +122,7 @@ def test_thinking_then_a_tool_call_are_parsed(client, tokenizer, family, stream)
     served = f"tools: `{chat_format.tool_parser}`"
     if spec["thinks"]:
         served += f"; thinking: `{chat_format.reasoning_parser}`"
-    support_matrix.record_chat(spec["preset"], served + " (served)")
+    support_matrix.record_chat(spec["preset"], served, served=True)
 
 
 def test_the_forced_output_uses_the_special_tokens(client, tokenizer, family):

@@ -39,10 +39,11 @@ def record(preset_name, backbone, **values):
     RESULTS.setdefault(preset_name, {"backbone": backbone}).update(values)
 
 
-def record_chat(family_name, value):
-    """Records what a chat test saw of a family's format, e.g. "yes" (its
-    template renders) or "tools: `hermes`" (calls parsed through a server)."""
-    cells = CHAT.setdefault(family_name, [])
+def record_chat(family_name, value, served=False):
+    """Records what a chat test saw of a family's format: "renders" (its
+    template renders as the official one), or with `served`, the parsers a
+    server run parsed a call and thinking with, e.g. "tools: `hermes`"."""
+    cells = CHAT.setdefault(family_name, {}).setdefault("served" if served else "format", [])
     if value not in cells:
         cells.append(value)
 
@@ -97,15 +98,25 @@ def merge(recorded, run):
         for column, value in values.items():
             if column != "backbone":
                 entry["cells"][column] = [value, name]
-    chat = dict(recorded.get("chat", {}))
-    for family_name, values in run["chat"].items():
-        chat[family_name] = ["; ".join(values), name]
+    # Each kind of a chat cell keeps the run that saw it, so that a run of
+    # the template tests alone keeps what a server run parsed.
+    chat = {key: {kind: list(cell) for kind, cell in value.items()}
+            for key, value in recorded.get("chat", {}).items()}
+    for family_name, kinds in run["chat"].items():
+        for kind, values in kinds.items():
+            chat.setdefault(family_name, {})[kind] = ["; ".join(sorted(values)), name]
     refused = {key: dict(value) for key, value in recorded.get("refused", {}).items()}
+    # A layout a run served is no longer refused, and a run's refusal stands.
+    for values in run["rows"].values():
+        columns = refused.get(values["backbone"], {})
+        for column in [column for column in columns if column in values]:
+            del columns[column]
     for backbone, columns in run["refused"].items():
         for column in columns:
             refused.setdefault(backbone, {})[column] = name
+    refused = {key: value for key, value in refused.items() if value}
     used = {run_name for value in rows.values() for _, run_name in value["cells"].values()}
-    used |= {run_name for _, run_name in chat.values()}
+    used |= {run_name for kinds in chat.values() for _, run_name in kinds.values()}
     used |= {run_name for value in refused.values() for run_name in value.values()}
     return {
         "runs": {key: value for key, value in sorted(runs.items()) if key in used},
@@ -113,6 +124,13 @@ def merge(recorded, run):
         "chat": dict(sorted(chat.items())),
         "refused": dict(sorted(refused.items())),
     }
+
+
+def _chat_cell(kinds):
+    parts = [_cell(*kinds["format"])] if "format" in kinds else []
+    if "served" in kinds:
+        parts.append("served: " + _cell(*kinds["served"]))
+    return "; ".join(parts)
 
 
 def _cell(value, run_name):
@@ -142,7 +160,7 @@ def render(recorded):
             else:
                 cells.append(_cell(*row["cells"].get(column, (None, None))))
         chat = recorded["chat"].get(family.name)
-        cells.append(_cell(*chat) if chat else "")
+        cells.append(_chat_cell(chat) if chat else "")
         lines.append("| " + " | ".join([family.display_name, name, route, *cells]) + " |")
     for family in families.FAMILIES:
         if family.route is None:
