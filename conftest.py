@@ -127,17 +127,14 @@ def _whole(config):
 def all_nodeids(request):
     """Every test of the suite, both tiers: this run's collection where it
     collected everything, else a collection of its own."""
+    from vllm_keras_hub.testing import tiers
+
     config = request.config
     if _whole(config):
         return config.stash[ALL_NODEIDS]
-    import subprocess
-    import sys
+    return tiers.collect_nodeids(_ROOT)
 
-    listing = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "", "-p", "no:cacheprovider"],
-        cwd=_ROOT, capture_output=True, text=True, check=True,
-    ).stdout
-    return [line for line in listing.splitlines() if "::" in line]
+
 # The extended slice `scripts/test` chose for this landing, if any.
 LANDING_SLICE = os.environ.get("VLLM_KERAS_HUB_SLICE", "")
 
@@ -181,9 +178,8 @@ def pytest_collection_modifyitems(config, items):
     tests within a unit keep their order. xdist (`--no-loadscope-reorder`)
     hands the units out in this order.
     """
-    from vllm_keras_hub.testing import tiers
-
     from vllm_keras_hub.testing import reports
+    from vllm_keras_hub.testing import tiers
 
     try:
         with open(reports.DURATIONS) as f:

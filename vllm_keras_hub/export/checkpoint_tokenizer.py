@@ -37,9 +37,9 @@ from vllm_keras_hub.export import tokenizer as tokenizer_export
 
 TOKENIZER_FILE = "tokenizer.json"
 HF_TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-# The sentence-transformers configs vLLM reads, in its order
-# (`get_sentence_transformer_tokenizer_config`): the first there is counts,
-# if it has a `max_seq_length`.
+# The sentence-transformers configs vLLM looks for, in its order
+# (`get_sentence_transformer_tokenizer_config`): it reads the first that
+# exists, and uses it only if it has a `max_seq_length`.
 SENTENCE_TRANSFORMERS_CONFIGS = (
     "sentence_bert_config.json",
     "sentence_roberta_config.json",

@@ -27,7 +27,8 @@ SLICES = {
     # Servers under load, faults and restarts, and in other processes:
     # plain vLLM, two disaggregated servers, two nodes, the servers of the
     # media families beyond Gemma3n's; tensor parallelism for nine families,
-    # greedy parity for nine and six of vLLM native's cross-checks.
+    # greedy parity for nine and six of vLLM native's cross-checks; further
+    # draft, adapter, preemption and disaggregation cases.
     1: (
         "tests/reliability_test.py::*",
         "vllm_keras_hub/vllm_fixes/saved_compile_test.py::*",
@@ -96,7 +97,7 @@ SLICES = {
     ),
     # Pipeline parallelism for every family that can be cut, and with
     # images, KV sharing, state, adapters and 2 ranks a stage; further
-    # Gemma4, draft and adapter cases.
+    # Gemma4, embedding, draft and adapter cases.
     3: (
         *(f"{_PP}[{f}-False]" for f in ("gemma3", "gpt2", "gpt_neox", "smollm3", "qwen",
                                         "gemma2", "bloom", "gpt_oss", "qwen3_moe", "falcon",
@@ -151,6 +152,19 @@ def tier_name(nodeid):
     return "every landing" if number is None else f"slice {number}"
 
 
+def collect_nodeids(root):
+    """Every test id of the suite at `root`, both tiers, by a collection of
+    its own."""
+    import subprocess
+    import sys
+
+    listing = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "", "-p", "no:cacheprovider"],
+        cwd=root, capture_output=True, text=True, check=True,
+    ).stdout
+    return [line for line in listing.splitlines() if "::" in line]
+
+
 def landing_slice(commits):
     """The extended slice a landing with `commits` commits runs."""
     return commits % SLICE_COUNT + 1
@@ -201,14 +215,8 @@ def retag(text, nodeids):
 if __name__ == "__main__":
     # Sets every docs page's tags to the tiers now: python -m vllm_keras_hub.testing.tiers
     import glob
-    import subprocess
-    import sys
 
-    listing = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "", "-p", "no:cacheprovider"],
-        capture_output=True, text=True, check=True,
-    ).stdout
-    nodeids = [line for line in listing.splitlines() if "::" in line]
+    nodeids = collect_nodeids(".")
     for page in ["README.md", *sorted(glob.glob("docs/*.md"))]:
         with open(page) as f:
             text, unclear = retag(f.read(), nodeids)
