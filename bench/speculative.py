@@ -51,7 +51,7 @@ def make_layer_skip_draft(preset, directory, layers):
 
     import keras_hub
 
-    from vllm_keras_hub import smollm2
+    from vllm_keras_hub import gguf_preset
 
     backbone = keras_hub.models.Backbone.from_preset(preset, dtype="float32")
     # KerasHub's Llama3Backbone.get_config leaves out tie_word_embeddings.
@@ -71,7 +71,7 @@ def make_layer_skip_draft(preset, directory, layers):
     with open(task_path, "w") as f:
         json.dump(task, f, indent=4)
     if tied:
-        smollm2._restore_tied_embeddings(directory)
+        gguf_preset._restore_tied_embeddings(directory)
     return directory
 
 

@@ -15,7 +15,7 @@ import pytest
 from vllm import SamplingParams
 
 from vllm_keras_hub.entrypoints.llm import KerasHubLLM
-from vllm_keras_hub.settings import UnsupportedHybridConfigError
+from vllm_keras_hub.hybrid_settings import UnsupportedHybridConfigError
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.server import free_port
 from vllm_keras_hub.testing.server import running_servers

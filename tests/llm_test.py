@@ -113,7 +113,7 @@ def test_unsupported_settings_are_refused_before_an_engine_starts(
     gemma_preset, tmp_path
 ):
     from vllm_keras_hub.lora.adapters import UnsupportedLoraError
-    from vllm_keras_hub.settings import UnsupportedParallelismError
+    from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
 
     # Its 4 layers are one KV-sharing group: no second stage is left.
     gemma4 = build_tiny_preset("gemma4", str(tmp_path))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from vllm import SamplingParams
 
-from vllm_keras_hub.models import families
+from vllm_keras_hub import families
 from vllm_keras_hub.models.probe import RouteError
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model

@@ -16,8 +16,8 @@ from vllm.exceptions import VLLMValidationError
 
 from vllm_keras_hub.entrypoints.llm import KerasHubLLM
 from vllm_keras_hub.layers import image_attention
+from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
 from vllm_keras_hub.settings import UnsupportedImageServingError
-from vllm_keras_hub.settings import UnsupportedParallelismError
 from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.engines import in_process_engine_env
 from vllm_keras_hub.testing.engines import in_process_llm

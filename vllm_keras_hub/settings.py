@@ -3,167 +3,29 @@
 One sequence for every way in: `serve` and `KerasHubLLM` call `settle`
 before the engine starts, and the model classes call `check` again, for
 plain `vllm` commands, which reach them with neither. A setting under which
-the preset would not be served exactly is refused here, with the reason.
+the preset would not be served exactly is refused here, with the reason;
+the checks of images, parallel layouts and hybrid state are in
+`image_settings.py`, `parallel_settings.py` and `hybrid_settings.py`.
 """
 
 import os
 
 from vllm_keras_hub import speculative
 from vllm_keras_hub.export.image_format import needs_whole_images
+from vllm_keras_hub.hybrid_settings import UnsupportedHybridConfigError  # noqa: F401
+from vllm_keras_hub.hybrid_settings import check_hybrid_settings
 from vllm_keras_hub.image_settings import UnsupportedImageServingError  # noqa: F401
 from vllm_keras_hub.image_settings import check_embedding_inputs
 from vllm_keras_hub.image_settings import check_image_settings
 from vllm_keras_hub.image_settings import check_prefix_lm_settings
 from vllm_keras_hub.image_settings import image_limit
 from vllm_keras_hub.lora.adapters import check_lora_serving
+from vllm_keras_hub.parallel_settings import UnsupportedParallelismError  # noqa: F401
+from vllm_keras_hub.parallel_settings import check_parallelism
 
 # The audio decoder a preset with audio is served with: PyAV, the one the
 # lock pins (`--media-io-kwargs`).
 AUDIO_MEDIA_IO = {"audio": {"audio_backend": "pyav"}}
-
-
-class UnsupportedParallelismError(ValueError):
-    """A parallel layout KerasHub models cannot be served in yet."""
-
-
-# Backbone class -> why it cannot be cut into pipeline stages
-# (`models/pipeline.py`). Where a family can, some cuts still cannot be
-# served; `pipeline.check_stages` refuses those at start-up.
-PIPELINE_REFUSALS = {
-    "Gemma3nBackbone": (
-        "its layers pass a stack of AltUp hidden states and per-layer "
-        "inputs from layer to layer, not one hidden state"
-    ),
-    "PaliGemmaBackbone": (
-        "its prefix (the image and the prompt, attended both ways) is not "
-        "placed in pipeline stages yet"
-    ),
-}
-
-
-def check_parallelism(
-    family,
-    tensor_parallel_size,
-    pipeline_parallel_size=None,
-    enable_expert_parallel=False,
-):
-    """Raises unless `family` can be served at this parallelism.
-
-    Args:
-        family: The preset's `families.Family`.
-        tensor_parallel_size: vLLM's `tensor_parallel_size`.
-        pipeline_parallel_size: vLLM's `pipeline_parallel_size`.
-        enable_expert_parallel: vLLM's `enable_expert_parallel`.
-
-    Raises:
-        UnsupportedParallelismError: naming the family and what to use.
-    """
-    from vllm_keras_hub.models import families
-
-    staged = pipeline_parallel_size and pipeline_parallel_size > 1
-    reason = PIPELINE_REFUSALS.get(family.backbone) if staged else None
-    if reason is not None:
-        raise UnsupportedParallelismError(
-            f"{family.display_name} cannot be served with pipeline parallelism "
-            f"(pipeline_parallel_size={pipeline_parallel_size}): {reason}. "
-            "Use tensor parallelism (--tensor-parallel-size) where it is "
-            "supported, or data parallelism (--data-parallel-size)."
-        )
-    if enable_expert_parallel:
-        raise UnsupportedParallelismError(
-            "Expert parallelism (enable_expert_parallel) is not supported for "
-            "KerasHub models: vLLM 0.32's CPU fused-MoE experts take no expert "
-            "map, and its workers crashed when tried. Under tensor parallelism "
-            "the experts are already sharded by vLLM's FusedMoE; serve without "
-            "--enable-expert-parallel."
-        )
-    sharded = tensor_parallel_size and tensor_parallel_size > 1
-    if sharded and not family.tensor_parallel:
-        mapped = ", ".join(families.tensor_parallel_families())
-        reason = TENSOR_REFUSALS.get(
-            family.backbone, "its layers are not mapped to vLLM's parallel linear layers"
-        )
-        raise UnsupportedParallelismError(
-            f"{family.display_name} cannot be served with tensor parallelism "
-            f"yet (tensor_parallel_size={tensor_parallel_size}): {reason}. "
-            f"Families that are: {mapped}. Serve it with tensor_parallel_size=1, "
-            "or scale out with --data-parallel-size."
-        )
-
-
-# Backbone class -> why its layers are not sharded across tensor-parallel
-# ranks yet (`layers/parallel_linear.py`).
-TENSOR_REFUSALS = {}
-
-
-class UnsupportedHybridConfigError(ValueError):
-    """An engine setting hybrid (Gated DeltaNet) presets cannot be served with."""
-
-
-def check_hybrid_settings(
-    speculative=False,
-    mamba_ssm_cache_dtype="auto",
-    mamba_cache_dtype="auto",
-    mamba_cache_mode=None,
-    enable_lora=False,
-    kv_connector=None,
-):
-    """Raises for engine settings a hybrid preset's state cannot be served with.
-
-    Part of `check`.
-
-    Args:
-        speculative: Whether speculative decoding is configured.
-        mamba_ssm_cache_dtype: vLLM's `mamba_ssm_cache_dtype`.
-        mamba_cache_dtype: vLLM's `mamba_cache_dtype`.
-        mamba_cache_mode: vLLM's `mamba_cache_mode`, or `None` if unset.
-        enable_lora: vLLM's `enable_lora`.
-        kv_connector: The KV connector of vLLM's `kv_transfer_config`, if any.
-
-    Raises:
-        UnsupportedHybridConfigError: naming the setting and why.
-    """
-    if speculative:
-        raise UnsupportedHybridConfigError(
-            "Speculative decoding is not supported for KerasHub's hybrid "
-            "(Gated DeltaNet) presets: rolling back rejected draft tokens "
-            "needs vLLM's wider speculative state layout, which their state "
-            "layers do not implement. Serve without --speculative-config."
-        )
-    # vLLM's CPU platform itself turns "auto" into "float32" for GDN models.
-    if mamba_ssm_cache_dtype not in (None, "auto", "float32"):
-        raise UnsupportedHybridConfigError(
-            f"mamba_ssm_cache_dtype={mamba_ssm_cache_dtype!r} is not supported: "
-            "KerasHub keeps a Gated DeltaNet layer's recurrent state in "
-            "float32, and served output must equal the preset's own."
-        )
-    if mamba_cache_dtype not in (None, "auto"):
-        raise UnsupportedHybridConfigError(
-            f"mamba_cache_dtype={mamba_cache_dtype!r} is not supported: KerasHub "
-            "keeps a Gated DeltaNet layer's convolution window in the model's "
-            "dtype."
-        )
-    if mamba_cache_mode not in (None, "none", "align"):
-        raise UnsupportedHybridConfigError(
-            f"mamba_cache_mode={mamba_cache_mode!r} is not supported for Gated "
-            "DeltaNet layers: prefix caching runs in 'align' mode."
-        )
-    if enable_lora:
-        raise UnsupportedHybridConfigError(
-            "LoRA adapters per request (--enable-lora) are not supported for "
-            "hybrid (Gated DeltaNet) presets yet: no test proves them exact "
-            "there. Serve without --enable-lora."
-        )
-    if kv_connector:
-        raise UnsupportedHybridConfigError(
-            f"KV transfer (--kv-transfer-config, {kv_connector}) is not "
-            "supported for hybrid (Gated DeltaNet) presets: their recurrent "
-            "state would have to travel with the KV cache. vLLM 0.32 turns "
-            "the hybrid KV cache manager off for connectors without "
-            "`SupportsHMA` (ExampleConnector among them), and then fails to "
-            "start a state model (\"Failed to promote local KV cache specs\"); "
-            "no connector's state transfer is tested here."
-        )
 
 
 def default_media_io(audio, video):

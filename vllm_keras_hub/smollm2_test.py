@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from vllm_keras_hub import gguf_preset
 from vllm_keras_hub import smollm2
 
 # Loss per token checks the weights, not just the text: with llama.cpp's Q/K
@@ -193,7 +194,7 @@ def test_unpermute_inverts_llama_cpp_permutation():
     permuted = permute(weight, 3)
     assert not np.array_equal(permuted, weight)
     np.testing.assert_array_equal(
-        smollm2._unpermute_rope_rows(permuted, 3), weight
+        gguf_preset._unpermute_rope_rows(permuted, 3), weight
     )
 
 
@@ -254,14 +255,14 @@ def test_keras_hub_bugs_break_unpatched_reload(tiny_preset):
 
 def test_tied_embeddings_survive_save_and_reload(tiny_preset):
     preset_dir, _ = tiny_preset
-    smollm2._restore_tied_embeddings(preset_dir)
+    gguf_preset._restore_tied_embeddings(preset_dir)
     backbone = keras_hub.models.Backbone.from_preset(preset_dir)
     assert backbone.tie_word_embeddings
 
 
 def test_tokenizer_specials_survive_save_and_reload(tiny_preset):
     preset_dir, _ = tiny_preset
-    smollm2._restore_tokenizer_specials(
+    gguf_preset._restore_tokenizer_specials(
         preset_dir, "<|im_start|>", "<|im_end|>"
     )
     tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset_dir)
@@ -270,14 +271,14 @@ def test_tokenizer_specials_survive_save_and_reload(tiny_preset):
     text = "<|im_start|>ab<|endoftext|>ab<|im_end|>"
     assert [int(i) for i in tokenizer(text)] == [1, 5, 0, 5, 2]
     # The placeholders for Llama-3's default specials sit past the vocabulary.
-    for token in smollm2.LLAMA3_DEFAULT_MISC_TOKENS:
+    for token in gguf_preset.LLAMA3_DEFAULT_MISC_TOKENS:
         assert tokenizer.token_to_id(token) >= len(TINY_VOCABULARY)
 
 
 def test_patched_tiny_preset_reloads_whole(tiny_preset):
     preset_dir, expected = tiny_preset
-    smollm2._restore_tied_embeddings(preset_dir)
-    smollm2._restore_tokenizer_specials(
+    gguf_preset._restore_tied_embeddings(preset_dir)
+    gguf_preset._restore_tokenizer_specials(
         preset_dir, "<|im_start|>", "<|im_end|>"
     )
     causal_lm = keras_hub.models.CausalLM.from_preset(preset_dir)
@@ -299,7 +300,7 @@ def test_preset_files(preset_dir):
     assert config["rope_max_wavelength"] == 100000
     with open(os.path.join(preset_dir, "preprocessor.json")) as f:
         assert json.load(f)["config"]["add_start_token"] is False
-    with open(os.path.join(preset_dir, smollm2.CHAT_TEMPLATE_FILE)) as f:
+    with open(os.path.join(preset_dir, gguf_preset.CHAT_TEMPLATE_FILE)) as f:
         template = f.read()
     assert "<|im_start|>" in template and "add_generation_prompt" in template
     assert not [n for n in os.listdir(preset_dir) if n.startswith(".")]

@@ -275,13 +275,13 @@ def main(argv=None):
 
     from vllm_keras_hub.export.embedder import EmbedderError
     from vllm_keras_hub.export.preset_folder import PresetError
+    from vllm_keras_hub.hybrid_settings import UnsupportedHybridConfigError
     from vllm_keras_hub.lora.adapters import UnsupportedLoraError
     from vllm_keras_hub.lora.merged import LoraAdapterError
-    from vllm_keras_hub.models.families import UnsupportedFamilyError
+    from vllm_keras_hub.families import UnsupportedFamilyError
+    from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
     from vllm_keras_hub.settings import UnsupportedEmbedderSettingError
-    from vllm_keras_hub.settings import UnsupportedHybridConfigError
     from vllm_keras_hub.settings import UnsupportedImageServingError
-    from vllm_keras_hub.settings import UnsupportedParallelismError
     from vllm_keras_hub.speculative import UnsupportedSpeculativeConfigError
 
     try:

@@ -11,7 +11,7 @@ import types
 import openai
 import pytest
 
-from vllm_keras_hub.models import families
+from vllm_keras_hub import families
 from vllm_keras_hub.testing.hf_tokenizers import save_checkpoint
 from vllm_keras_hub.testing.presets import build_tiny_preset
 from vllm_keras_hub.testing.server import console_script

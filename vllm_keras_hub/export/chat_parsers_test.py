@@ -15,7 +15,7 @@ import json
 import pytest
 
 from vllm_keras_hub.export import chat_templates
-from vllm_keras_hub.export.preset_folder import add_response_template
+from vllm_keras_hub.export.preset_chat import add_response_template
 from vllm_keras_hub.export.tokenizer import export_tokenizer
 from vllm_keras_hub.testing.tokenizers import CHAT_TOKENS
 from vllm_keras_hub.testing.tokenizers import make_tokenizer

@@ -3,9 +3,9 @@ import time
 
 import pytest
 
-from vllm_keras_hub import smollm2
+from vllm_keras_hub import gguf_preset
 from vllm_keras_hub.export import chat_templates
-from vllm_keras_hub.models import families
+from vllm_keras_hub import families
 from vllm_keras_hub.testing import support_matrix
 
 # Each family's bos and eos strings, as its exported tokenizer names them.
@@ -409,7 +409,7 @@ def test_help_names_both_ways_to_pass_a_template():
 
 def test_preset_chat_template_file(tmp_path):
     template = "{{ messages[0]['content'] }}"
-    (tmp_path / smollm2.CHAT_TEMPLATE_FILE).write_text(template)
+    (tmp_path / gguf_preset.CHAT_TEMPLATE_FILE).write_text(template)
     (tmp_path / "tokenizer_config.json").write_text(
         json.dumps({"chat_template": "not this one"})
     )

@@ -255,14 +255,14 @@ def test_a_call_the_format_cannot_express_is_refused_by_its_template():
 
 
 def _family(name):
-    from vllm_keras_hub.models import families
+    from vllm_keras_hub import families
 
     return families.family_by_name(name)
 
 
 def test_a_presets_own_template_gets_the_parsers_of_what_it_renders(tmp_path):
-    from vllm_keras_hub.export.preset_folder import ROLE_GUARD
-    from vllm_keras_hub.export.preset_folder import chat_format_of
+    from vllm_keras_hub.export.preset_chat import ROLE_GUARD
+    from vllm_keras_hub.export.preset_chat import chat_format_of
 
     own = chat_templates.official_template("gpt_oss")
     (tmp_path / chat_templates.CHAT_TEMPLATE_FILE).write_text(own)
@@ -275,7 +275,7 @@ def test_a_presets_own_template_gets_the_parsers_of_what_it_renders(tmp_path):
 
 
 def test_a_presets_own_template_without_tools_or_thinking_gets_no_parsers(tmp_path):
-    from vllm_keras_hub.export.preset_folder import chat_format_of
+    from vllm_keras_hub.export.preset_chat import chat_format_of
 
     (tmp_path / chat_templates.CHAT_TEMPLATE_FILE).write_text("{{ messages[0]['content'] }}")
     chat_format = chat_format_of(str(tmp_path), _family("qwen3"), set())

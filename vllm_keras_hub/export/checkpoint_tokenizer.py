@@ -34,6 +34,7 @@ import os
 import shutil
 
 from vllm_keras_hub.export import tokenizer as tokenizer_export
+from vllm_keras_hub.export.tokenizer_backends import TokenizerExportError
 
 TOKENIZER_FILE = "tokenizer.json"
 HF_TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -123,7 +124,7 @@ def read_checkpoint_tokenizer(preset, tokenizer, vocabulary_size):
             )
     try:
         tokenizer_export.special_tokens(tokenizer, backend)
-    except tokenizer_export.TokenizerExportError as e:
+    except TokenizerExportError as e:
         raise CheckpointTokenizerError(f"in its {TOKENIZER_FILE}, {e}") from e
     return backend
 

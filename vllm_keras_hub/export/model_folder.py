@@ -14,8 +14,8 @@ import tempfile
 import uuid
 import weakref
 
+from vllm_keras_hub import families
 from vllm_keras_hub.export.preset_folder import write_model_folder
-from vllm_keras_hub.models import families
 
 
 def _content_digest(directory):

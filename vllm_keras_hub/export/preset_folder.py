@@ -7,12 +7,11 @@ Hugging Face `tokenizers` format, its chat template, and
 preset itself by the `keras_hub` load format.
 """
 
-import dataclasses
-import hashlib
 import json
 import logging
 import os
 
+from vllm_keras_hub import families
 from vllm_keras_hub.export import audio_format
 from vllm_keras_hub.export import chat_templates
 from vllm_keras_hub.export import checkpoint_tokenizer
@@ -23,14 +22,16 @@ from vllm_keras_hub.export import image_format as image_config
 from vllm_keras_hub.export import sampling
 from vllm_keras_hub.export import tokenizer as tokenizer_export
 from vllm_keras_hub.export import video_format
-from vllm_keras_hub.models import families
+from vllm_keras_hub.export.backbone_fields import config_digest
+from vllm_keras_hub.export.backbone_fields import model_dims
+from vllm_keras_hub.export.backbone_fields import weights_dtype
+from vllm_keras_hub.export.preset_chat import add_response_template
+from vllm_keras_hub.export.preset_chat import chat_format_of
+from vllm_keras_hub.export.tokenizer_backends import TokenizerExportError
 
 logger = logging.getLogger(__name__)
 
 PRESET_PREFIX = "keras_hub:"
-# RoPE presets do not record a context limit; this is keras-hub's own
-# serving default. `max_model_len` raises or lowers it.
-DEFAULT_MAX_POSITION_EMBEDDINGS = 8192
 
 
 class PresetError(ValueError):
@@ -87,73 +88,6 @@ def read_preset(preset):
     return family, backbone_config, sampling.causal_lm_class(preset)
 
 
-def model_dims(backbone_config):
-    """Maps a KerasHub backbone config to the dims vLLM reads.
-
-    Multi-head configs name `num_heads`; grouped-query ones name
-    `num_query_heads` (SmolLM3: `num_attention_heads`) and
-    `num_key_value_heads`; Gemma and Mistral name an explicit `head_dim`.
-    Gemma3n names its text dims as Hugging Face does (`text_hidden_size`,
-    `num_hidden_layers`, `text_vocab_size`, `max_position_embeddings`).
-    """
-    if "text_hidden_size" in backbone_config:
-        backbone_config = {
-            **backbone_config,
-            "hidden_dim": backbone_config["text_hidden_size"],
-            "vocabulary_size": backbone_config["text_vocab_size"],
-            "num_layers": backbone_config["num_hidden_layers"],
-            "max_sequence_length": backbone_config["max_position_embeddings"],
-        }
-    hidden = backbone_config["hidden_dim"]
-    heads = (
-        backbone_config.get("num_query_heads")
-        or backbone_config.get("num_attention_heads")
-        or backbone_config["num_heads"]
-    )
-    dims = {
-        "vocab_size": backbone_config["vocabulary_size"],
-        "hidden_size": hidden,
-        "num_hidden_layers": backbone_config["num_layers"],
-        "num_attention_heads": heads,
-        "num_key_value_heads": backbone_config.get("num_key_value_heads") or heads,
-        "head_dim": backbone_config.get("head_dim") or hidden // heads,
-        "max_position_embeddings": backbone_config.get(
-            "max_sequence_length", DEFAULT_MAX_POSITION_EMBEDDINGS
-        ),
-    }
-    return {key: int(value) for key, value in dims.items()}
-
-
-def config_digest(backbone_config):
-    """A digest of the whole backbone config, for `config.json`.
-
-    vLLM keys its saved compile (`saved_compile`) by the engine config, of
-    which `config.json` is part; this makes any backbone setting part of
-    that key, not only the dims written beside it. The layer's name (which
-    Keras numbers per process: `llama3_backbone_1`) and trainability do not
-    change the computation, so they are left out.
-    """
-    settings = {
-        key: value
-        for key, value in backbone_config.items()
-        if key not in ("name", "trainable")
-    }
-    text = json.dumps(settings, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
-
-
-def weights_dtype(backbone_config):
-    """The dtype a preset's weights were saved in, e.g. `"bfloat16"`.
-
-    Written as `torch_dtype`, from which vLLM's `dtype="auto"` resolves (it
-    serves float32 weights in bfloat16 unless told `dtype="float32"`).
-    """
-    policy = backbone_config.get("dtype") or "float32"
-    if isinstance(policy, dict):
-        policy = policy.get("config", {}).get("name", "float32")
-    return policy.removeprefix("mixed_")
-
-
 def stop_token_ids(tokenizer, stop_tokens):
     """The ids generation stops on.
 
@@ -168,54 +102,6 @@ def stop_token_ids(tokenizer, stop_tokens):
     vocabulary = set(tokenizer.get_vocabulary())
     ids += [tokenizer.token_to_id(token) for token in stop_tokens if token in vocabulary]
     return [int(i) for i in dict.fromkeys(ids) if i is not None]
-
-
-# vLLM passes any role through to the template, and most templates render an
-# unknown one as if it were valid; refuse it instead (vLLM answers a 400).
-ROLE_GUARD = (
-    "{%- for message in messages %}"
-    "{%- if message['role'] not in ['system', 'developer', 'user', 'assistant', 'tool'] %}"
-    "{{- raise_exception('Unknown role ' ~ message['role'] ~ ': roles are system, "
-    "developer, user, assistant and tool.') }}"
-    "{%- endif %}{%- endfor %}"
-)
-
-
-def chat_format_of(preset, family, vocabulary):
-    """The `ChatFormat` to serve `preset` with.
-
-    The preset's own template first, else the family's maintained format,
-    either behind a guard that refuses unknown roles. A preset's own template
-    gets the family's parsers where it renders what they read (tools,
-    thinking). A family with no chat format gets a template that refuses chat
-    requests with a message saying how to pass one (vLLM answers it with a
-    400).
-    """
-    family_format = chat_templates.chat_format(family.name, vocabulary)
-    template = chat_templates.preset_chat_template(preset)
-    if template is not None:
-        parsers = {}
-        if family_format is not None:
-            if family_format.tool_parser and "tools" in template:
-                parsers["tool_parser"] = family_format.tool_parser
-            if family_format.reasoning_parser and "think" in template:
-                parsers["reasoning_parser"] = family_format.reasoning_parser
-        if not parsers:
-            return chat_templates.ChatFormat(ROLE_GUARD + template, ())
-        # It writes the family's format: its turn ends and output regions too.
-        return dataclasses.replace(
-            family_format,
-            template=ROLE_GUARD + template,
-            tool_parser=parsers.get("tool_parser"),
-            reasoning_parser=parsers.get("reasoning_parser"),
-        )
-    if family_format is not None:
-        return dataclasses.replace(family_format, template=ROLE_GUARD + family_format.template)
-    message = (
-        f"{family.display_name} presets have no chat format. "
-        f"{chat_templates.NO_CHAT_TEMPLATE_HELP}"
-    )
-    return chat_templates.ChatFormat("{{ raise_exception(%s) }}" % json.dumps(message), ())
 
 
 def adds_start_token(preset, tokenizer):
@@ -367,17 +253,6 @@ def write_model_folder(preset, directory, max_model_len=None):
     return mode
 
 
-def add_response_template(directory, response_template):
-    """Adds a chat format's `response_template` to the exported
-    `tokenizer_config.json`, where vLLM's `hf` parsers read it."""
-    path = os.path.join(directory, tokenizer_export.TOKENIZER_CONFIG_FILE)
-    with open(path) as f:
-        tokenizer_config = json.load(f)
-    tokenizer_config["response_template"] = response_template
-    with open(path, "w") as f:
-        json.dump(tokenizer_config, f, indent=2)
-
-
 def _write_embedder_folder(
     preset, directory, family, backbone_config, tokenizer, embedder, max_model_len, checkpoint
 ):
@@ -448,7 +323,7 @@ def _write_tokenizer(
             add_end_token=add_end_token,
         )
         return "auto"
-    except tokenizer_export.TokenizerExportError as e:
+    except TokenizerExportError as e:
         mode = config_lib.KERAS_HUB_TOKENIZER_MODE
         if add_end_token:  # A text embedder's, which also appends the end token.
             mode = config_lib.KERAS_HUB_EMBEDDER_TOKENIZER_MODE

@@ -6,10 +6,11 @@ import subprocess
 import keras_hub
 import pytest
 
+from vllm_keras_hub.export import backbone_fields
 from vllm_keras_hub.export import chat_templates
 from vllm_keras_hub.export import model_folder
 from vllm_keras_hub.export import preset_folder
-from vllm_keras_hub.models import families
+from vllm_keras_hub import families
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import build_tiny_preset
 
@@ -133,7 +134,7 @@ def test_unsupported_family_lists_the_supported_ones(tmp_path):
 
 
 def test_model_dims_reads_smollm3_attention_heads():
-    dims = preset_folder.model_dims(
+    dims = backbone_fields.model_dims(
         {
             "vocabulary_size": 600,
             "hidden_dim": 128,
@@ -148,7 +149,7 @@ def test_model_dims_reads_smollm3_attention_heads():
 
 
 def test_model_dims_reads_gemma3n_text_names():
-    dims = preset_folder.model_dims(
+    dims = backbone_fields.model_dims(
         {
             "text_vocab_size": 600,
             "text_hidden_size": 128,

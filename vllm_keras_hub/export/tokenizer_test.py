@@ -11,6 +11,7 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from vllm_keras_hub.export import tokenizer as tokenizer_export
+from vllm_keras_hub.export.tokenizer_backends import TokenizerExportError
 from vllm_keras_hub.testing import tokenizers as testing_tokenizers
 
 FAMILIES = testing_tokenizers.FAMILIES
@@ -273,11 +274,11 @@ def unsupported_tokenizers():
 )
 def test_unsupported_tokenizer_raises(tmp_path, case):
     tokenizer, message = unsupported_tokenizers()[case]
-    error = tokenizer_export.TokenizerExportError
+    error = TokenizerExportError
     with pytest.raises(error, match=re.escape(message)):
         tokenizer_export.export_tokenizer(tokenizer, str(tmp_path), True)
     assert os.listdir(tmp_path) == []
 
 
 def test_error_is_a_value_error():
-    assert issubclass(tokenizer_export.TokenizerExportError, ValueError)
+    assert issubclass(TokenizerExportError, ValueError)

@@ -3,20 +3,22 @@
 keras-hub 0.32 ships a serving route (`_compute_vllm_attention`, reached from
 a context check at the top of `call`) in 8 families' attention layers. For
 the others, `install` gives the loaded backbone's attention layers the same
-kind of route (`attention_routes.py`, `attention_routes_gemma.py`), so the
+kind of route (each family's `Family.attention`, under `families/`), so the
 rest of the serving path is shared. Only the instances of one loaded
 backbone get a route; keras-hub's classes are never modified.
 """
 
-import dataclasses
 import types
 
 from keras import ops
 from keras_hub.src.vllm.context import get_vllm_context
 
-from vllm_keras_hub.layers import attention_routes as routes
-from vllm_keras_hub.layers import attention_routes_gemma as gemma
+from vllm_keras_hub import families
+from vllm_keras_hub.families.family import KERAS_HUB
+from vllm_keras_hub.families.family import OURS
 from vllm_keras_hub.layers import state_routes
+from vllm_keras_hub.layers.attention_routes import OUTPUT_AND_CACHE
+from vllm_keras_hub.layers.attention_routes import OUTPUT_WEIGHTS_AND_CACHE
 
 
 def transformer_layers(backbone):
@@ -49,67 +51,8 @@ def token_embedding(backbone):
     return backbone.language_model.token_embedding
 
 
-# What an attention layer's `call` returns, as its decoder unpacks it.
-OUTPUT = "output"  # and `(output, cache)` where a cache is passed
-OUTPUT_AND_CACHE = "output_and_cache"  # even when the cache is `None`
-OUTPUT_WEIGHTS_AND_CACHE = "output_weights_and_cache"
-
-
-@dataclasses.dataclass(frozen=True)
-class Route:
-    """How one attention-layer class hands its attention to vLLM.
-
-    Attributes:
-        forward: `forward(layer, hidden_states, positions)`, the layer's
-            output, positions shaped `(num_tokens, 1)`.
-        returns: What the class's `call` returns (`OUTPUT`, ...).
-        kv_sharing_targets: `targets(backbone)`, per layer the index of the
-            earlier layer whose K/V it reads (`None`: its own). Read once at
-            install into each layer's `_vllm_kv_sharing_target`; the serving
-            model gives that layer's vLLM `Attention` the target's cache.
-        alibi_slopes: `slopes(transformer_layer, layer)`, as vLLM adds them
-            (after the softmax scale); read at install into
-            `_vllm_alibi_slopes`.
-        sliding_window: `window(transformer_layer, layer)`, decided once at
-            install into `_vllm_sliding_window`.
-    """
-
-    forward: object
-    returns: str = OUTPUT
-    kv_sharing_targets: object = None
-    alibi_slopes: object = None
-    sliding_window: object = None
-
-
-# Attention-layer class name -> its route.
-ROUTES = {
-    # Keras's own class, in KerasHub's `TransformerEncoder` (encoder families).
-    "MultiHeadAttention": Route(routes.multi_head),
-    "CachedMixtralAttention": Route(routes.mixtral),
-    "QwenAttention": Route(routes.qwen),
-    "QwenMoeAttention": Route(
-        routes.qwen_moe, sliding_window=routes.qwen_moe_sliding_window
-    ),
-    "Qwen3Attention": Route(routes.qwen3),
-    "Qwen3MoeAttention": Route(routes.qwen3),
-    "Qwen3_5Attention": Route(routes.qwen3_5),
-    "SmolLM3Attention": Route(routes.smollm3),
-    "Phi3Attention": Route(routes.phi3),
-    "BloomAttention": Route(routes.bloom, alibi_slopes=routes.bloom_alibi_slopes),
-    "FalconAttention": Route(routes.falcon, alibi_slopes=routes.falcon_alibi_slopes),
-    "GPTNeoXAttention": Route(routes.gpt_neox, returns=OUTPUT_AND_CACHE),
-    "GptOssAttention": Route(routes.gpt_oss),
-    "Gemma3nTextAttention": Route(
-        gemma.gemma3n,
-        returns=OUTPUT_WEIGHTS_AND_CACHE,
-        kv_sharing_targets=gemma.gemma3n_kv_sharing_targets,
-    ),
-    "Gemma4TextAttention": Route(
-        gemma.gemma4,
-        returns=OUTPUT_AND_CACHE,
-        kv_sharing_targets=gemma.gemma4_kv_sharing_targets,
-    ),
-}
+# Attention-layer class name -> its `Route`, from every family.
+ROUTES = families.ATTENTION_ROUTES
 
 
 def _compute_vllm_attention(self, hidden_states, cache, vllm_context):
@@ -190,9 +133,9 @@ def install(backbone, family, kv_sharing_targets=None):
             computing its own (`None`: its own), over the route's: a
             drafter's layers read another model's cache.
     """
-    if family.route == "keras_hub":
+    if family.route == KERAS_HUB:
         return
-    if family.route != "vllm_keras_hub":
+    if family.route != OURS:
         raise ValueError(f"{family.display_name} has no route to install.")
     blocks = transformer_layers(backbone)
     layers = [_attention_layer(block) for block in blocks]

@@ -5,12 +5,12 @@ import pytest
 import torch
 from keras_hub.src.vllm.context import vllm_context_scope
 
+from vllm_keras_hub.families import phi3
 from vllm_keras_hub.layers import attention
-from vllm_keras_hub.layers import attention_routes
 from vllm_keras_hub.layers import state_routes
 from vllm_keras_hub.layers import step
 from vllm_keras_hub.layers.attention import transformer_layers
-from vllm_keras_hub.models import families
+from vllm_keras_hub import families
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import WINDOW
 from vllm_keras_hub.testing.presets import backbone_kwargs
@@ -227,7 +227,7 @@ def test_phi3_su_rotary_per_token_equals_keras_hub_decoding():
     positions = np.array([0, 5, pretraining - 1, pretraining, 3 * pretraining])
     inputs = np.random.default_rng(0).normal(size=(len(positions), 1, 4, 32))
     inputs = keras.ops.convert_to_tensor(inputs, "float32")
-    routed = attention_routes.phi3_su_rotary(
+    routed = phi3.phi3_su_rotary(
         rotary, inputs, keras.ops.convert_to_tensor(positions[:, None])
     )
     for row, position in enumerate(positions):

@@ -12,7 +12,7 @@ kernel is released: each rank holds only its shard.
 import math
 
 from vllm_keras_hub.layers import linear
-from vllm_keras_hub.settings import UnsupportedParallelismError
+from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
 
 
 def plan(layer):

@@ -8,7 +8,7 @@ at load (`CPUUnquantizedExperts`), elsewhere whatever vLLM picks for the
 platform.
 
 Each KerasHub MoE block keeps its own router, so its logits, top-k,
-normalisation, biases and scales stay KerasHub's (`moe_routes.py`), and
+normalisation, biases and scales stay KerasHub's (`moe_routing.py`), and
 hands its experts to one vLLM `FusedMoE` (`FusedMoEFactory`), built with
 the block's sizes and activation. The two meet in the tensor KerasHub's own
 combine step uses: the routing weights as a dense `(tokens, experts)`

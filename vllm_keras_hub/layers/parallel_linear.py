@@ -31,7 +31,7 @@ from vllm_keras_hub.layers import parallel_state
 from vllm_keras_hub.layers import state_routes
 from vllm_keras_hub.layers import vocab_parallel
 from vllm_keras_hub.loading import heap
-from vllm_keras_hub.settings import UnsupportedParallelismError
+from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
 
 # Sublayer names, by what the sublayer is in its attention or decoder layer.
 QUERY = ("_query_dense", "query_dense", "q_proj")

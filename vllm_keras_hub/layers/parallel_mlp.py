@@ -16,7 +16,7 @@
 """
 
 from vllm_keras_hub.layers.kernel_readers import BLOCKS
-from vllm_keras_hub.settings import UnsupportedParallelismError
+from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
 
 _REDUCED_CLASSES = {}
 _GATHERED_CLASSES = {}

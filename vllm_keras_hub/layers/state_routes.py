@@ -11,10 +11,11 @@ state in vLLM's state cache. Outside a served step the layer runs its own
 
 import types
 
+from vllm_keras_hub import families
 from vllm_keras_hub.layers import step
 
 # KerasHub layer classes that keep a recurrent state, not a KV cache.
-STATE_LAYERS = ("Qwen3_5GatedDeltaNet",)
+STATE_LAYERS = families.STATE_LAYERS
 
 
 def serving():

@@ -14,7 +14,7 @@ ids outside the rank's rows and all-reduces.
 
 from keras import ops
 
-from vllm_keras_hub.settings import UnsupportedParallelismError
+from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
 
 _LOOKUP_CLASSES = {}
 

@@ -37,6 +37,7 @@ from vllm.model_executor.models.utils import make_empty_intermediate_tensors_fac
 from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 
+from vllm_keras_hub import families
 from vllm_keras_hub import settings
 from vllm_keras_hub import speculative
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
@@ -59,7 +60,6 @@ from vllm_keras_hub.loading.load_format import task_final_logit_cap
 from vllm_keras_hub.loading.scope import building_scope
 from vllm_keras_hub.lora import adapters as lora_adapters
 from vllm_keras_hub.lora import merged as lora
-from vllm_keras_hub.models import families
 from vllm_keras_hub.models import pipeline
 from vllm_keras_hub.models import probe
 from vllm_keras_hub.vllm_fixes.kv_sharing_uniform_specs import (

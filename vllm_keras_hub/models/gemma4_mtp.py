@@ -48,6 +48,7 @@ from vllm.compilation.decorators import support_torch_compile
 from vllm.model_executor.models.utils import maybe_prefix
 from vllm.platforms import current_platform
 
+from vllm_keras_hub import families
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
 from vllm_keras_hub.layers import attention as attention_layers
@@ -58,7 +59,6 @@ from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
 from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
 from vllm_keras_hub.loading.preset_weights import LoadedWeights
 from vllm_keras_hub.loading.scope import building_scope
-from vllm_keras_hub.models import families
 from vllm_keras_hub.models import pipeline
 from vllm_keras_hub.models import probe
 from vllm_keras_hub.speculative import DRAFT_PREFIX

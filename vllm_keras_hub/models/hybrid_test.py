@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from vllm import SamplingParams
 
-from vllm_keras_hub.settings import UnsupportedHybridConfigError
+from vllm_keras_hub.hybrid_settings import UnsupportedHybridConfigError
 from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model

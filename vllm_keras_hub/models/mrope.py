@@ -12,7 +12,7 @@ image's row and column as well as its place in the text (M-RoPE):
   height, width: `get_mrope_input_positions`), as the preprocessor
   computes them (`mrope_positions`), and continues them past the prompt
   by the returned delta; the full-attention layers rotate with KerasHub's
-  own `_apply_mrope` at those rows (`layers/attention_routes.py`).
+  own `_apply_mrope` at those rows (`families/qwen3_5.py`).
 The Gated DeltaNet layers keep their state as in `hybrid.py`.
 """
 

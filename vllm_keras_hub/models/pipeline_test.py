@@ -20,8 +20,8 @@ from vllm_keras_hub.loading.preset_weights import unloaded_backbone
 from vllm_keras_hub.lora import merged as lora
 from vllm_keras_hub.models import pipeline
 from vllm_keras_hub.models.text_forward import text_forward
-from vllm_keras_hub.settings import PIPELINE_REFUSALS
-from vllm_keras_hub.settings import UnsupportedParallelismError
+from vllm_keras_hub.parallel_settings import PIPELINE_REFUSALS
+from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
 from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.lora import fine_tune_lora
 from vllm_keras_hub.testing.presets import TINY_FAMILIES

@@ -73,7 +73,7 @@ TINY_CONFIGS = {
         ),
     ),
     # Windows longer than the tests' prompts: KerasHub windows other layers
-    # than Hugging Face does (see `layers/attention_routes.py`, `gpt_oss`).
+    # than Hugging Face does (see `families/gpt_oss.py`).
     "gpt_oss": (
         "GptOssConfig",
         "gpt_oss",

@@ -16,7 +16,7 @@ import json
 import subprocess
 import time
 
-from vllm_keras_hub.models import families
+from vllm_keras_hub import families
 
 RESULTS = {}
 CHAT = {}
@@ -184,16 +184,18 @@ def render(recorded):
 
 
 def _refusal_reasons(refused):
-    from vllm_keras_hub.settings import PIPELINE_REFUSALS
-    from vllm_keras_hub.settings import TENSOR_REFUSALS
+    from vllm_keras_hub.parallel_settings import TENSOR_REFUSAL
 
-    layouts = {"tp2": ("2 ranks", TENSOR_REFUSALS), "pp2": ("2 stages", PIPELINE_REFUSALS)}
     lines = []
     for backbone, columns in refused.items():
         family = families.family_for_backbone(backbone)
+        reasons = {
+            "tp2": ("2 ranks", "" if family.tensor_parallel else TENSOR_REFUSAL),
+            "pp2": ("2 stages", family.pipeline_refusal),
+        }
         for column in sorted(columns):
-            layout, reasons = layouts[column]
-            lines.append(f"- {family.display_name}, {layout}: {reasons.get(backbone, 'refused')}.")
+            layout, reason = reasons[column]
+            lines.append(f"- {family.display_name}, {layout}: {reason or 'refused'}.")
     return lines
 
 

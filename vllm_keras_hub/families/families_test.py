@@ -1,6 +1,6 @@
 import pytest
 
-from vllm_keras_hub.models import families
+from vllm_keras_hub import families
 
 
 def test_routed_families_are_keras_hub_routes_and_ours():
@@ -71,3 +71,61 @@ def test_kv_sharing_families_are_routed_with_their_turn_end(backbone, stop_token
     family = families.family_for_backbone(backbone)
     assert family.route == "vllm_keras_hub"
     assert family.stop_tokens == stop_tokens
+
+
+def _classes_of(family):
+    # Every class the modules of the family's keras-hub package define.
+    import importlib
+    import pkgutil
+
+    import keras_hub
+
+    backbone = getattr(keras_hub.models, family.backbone)
+    package = importlib.import_module(backbone.__module__.rsplit(".", 1)[0])
+    names = set()
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name.endswith(("_test", "_presets")) or "convert" in info.name:
+            continue
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        names |= {name for name, value in vars(module).items() if isinstance(value, type)}
+    return names
+
+
+def test_each_route_names_a_class_of_its_own_family():
+    # A route keyed by a class name that keras-hub renamed, or that belongs to
+    # another family, would never be installed: the probe would refuse the
+    # preset at start-up. Keras's `MultiHeadAttention` is the encoders' own.
+    missing = {}
+    for family in families.FAMILIES:
+        routed = {*family.attention, *family.moe, *family.state_layers}
+        if routed:
+            missing[family.name] = routed - _classes_of(family) - {"MultiHeadAttention"}
+    assert len(missing) == 17
+    assert not any(missing.values()), missing
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (dict(attention={}), "names no attention route"),
+        (dict(route="keras_hub"), "does not use"),
+        (dict(route=None), "no reason why"),
+        (dict(state_layers=()), "name state layers"),
+        (dict(route="jax"), "none of"),
+    ],
+)
+def test_the_table_refuses_an_incomplete_row(change, problem):
+    import dataclasses
+
+    row = dataclasses.replace(families.family_by_name("qwen3_5"), **change)
+    with pytest.raises(ValueError, match=problem):
+        families._check(row)
+
+
+def test_two_families_may_share_a_route_only_if_it_is_the_same():
+    assert families.ATTENTION_ROUTES["MultiHeadAttention"] is (
+        families.family_by_name("bert").attention["MultiHeadAttention"]
+    )
+    assert families.MOE_ROUTES["Gemma4MoEBlock"] is (
+        families.family_by_name("gemma4").moe["Gemma4MoEBlock"]
+    )

@@ -5,8 +5,8 @@ import torch
 from keras_hub.src.models.qwen3_5.qwen3_5_attention import Qwen3_5Attention
 
 from vllm_keras_hub.layers import step
-from vllm_keras_hub.layers.attention_routes import mrope_cos_sin
-from vllm_keras_hub.layers.attention_routes import mrope_rotate
+from vllm_keras_hub.families.qwen3_5 import mrope_cos_sin
+from vllm_keras_hub.families.qwen3_5 import mrope_rotate
 
 # `(temporal, height, width)` rows of 11 tokens, as `models/mrope.py` gives
 # them: two text tokens, a 2x3 image at position 2 (its rows and columns in

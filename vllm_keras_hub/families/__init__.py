@@ -1,0 +1,150 @@
+"""Every KerasHub family vllm-keras-hub knows, one module each, in one table.
+
+A family's module (`families/<name>.py`) holds what is particular to it:
+its `Family` row (stop tokens, parallel layouts, refusal), and the routes
+that hand its attention, MoE and recurrent-state layers to vLLM's kernels.
+The shared machinery stays in `layers/`. The table checks its own rows when
+it is imported (`_check`), so a row that could not be served fails at import,
+not at a request. Keyed by the backbone class a preset's `config.json` names;
+a family without a route is refused at start-up with its reason, never
+served by a slower or wrong fallback.
+"""
+
+from vllm_keras_hub import backend
+
+# The family modules import Keras: on torch, unless the environment names
+# another backend (then `backend.require_torch_backend()` refuses to serve).
+backend.default_to_torch()
+
+# Table order: what `supported_families()` lists.
+from vllm_keras_hub.families import bert  # noqa: E402
+from vllm_keras_hub.families import bloom  # noqa: E402
+from vllm_keras_hub.families import falcon  # noqa: E402
+from vllm_keras_hub.families import gemma  # noqa: E402
+from vllm_keras_hub.families import gemma3  # noqa: E402
+from vllm_keras_hub.families import gemma3n  # noqa: E402
+from vllm_keras_hub.families import gemma4  # noqa: E402
+from vllm_keras_hub.families import gpt2  # noqa: E402
+from vllm_keras_hub.families import gpt_neox  # noqa: E402
+from vllm_keras_hub.families import gpt_oss  # noqa: E402
+from vllm_keras_hub.families import llama  # noqa: E402
+from vllm_keras_hub.families import llama3  # noqa: E402
+from vllm_keras_hub.families import mistral  # noqa: E402
+from vllm_keras_hub.families import mixtral  # noqa: E402
+from vllm_keras_hub.families import opt  # noqa: E402
+from vllm_keras_hub.families import pali_gemma  # noqa: E402
+from vllm_keras_hub.families import phi3  # noqa: E402
+from vllm_keras_hub.families import qwen  # noqa: E402
+from vllm_keras_hub.families import qwen3  # noqa: E402
+from vllm_keras_hub.families import qwen3_5  # noqa: E402
+from vllm_keras_hub.families import qwen3_5_moe  # noqa: E402
+from vllm_keras_hub.families import qwen3_moe  # noqa: E402
+from vllm_keras_hub.families import qwen_moe  # noqa: E402
+from vllm_keras_hub.families import rwkv7  # noqa: E402
+from vllm_keras_hub.families import smollm3  # noqa: E402
+from vllm_keras_hub.families import xlm_roberta  # noqa: E402
+from vllm_keras_hub.families.family import KERAS_HUB  # noqa: E402
+from vllm_keras_hub.families.family import OURS  # noqa: E402
+from vllm_keras_hub.families.family import Family  # noqa: E402, F401
+from vllm_keras_hub.families.family import UnsupportedFamilyError  # noqa: E402
+
+FAMILIES = tuple(
+    module.FAMILY
+    for module in (
+        gpt2, opt, llama, llama3, mistral, qwen, qwen3, gemma, gemma3, mixtral,
+        qwen_moe, qwen3_moe, smollm3, phi3, gpt_neox, bloom, falcon, gpt_oss,
+        gemma3n, gemma4, qwen3_5, qwen3_5_moe, pali_gemma, bert, xlm_roberta,
+        rwkv7,
+    )
+)  # fmt: skip
+
+
+def _merged(kind):
+    # One class name, one route: two families may name a class only for the
+    # very same route (the encoders' Keras `MultiHeadAttention`).
+    merged = {}
+    for family in FAMILIES:
+        for class_name, route in getattr(family, kind).items():
+            if merged.setdefault(class_name, route) is not route:
+                raise ValueError(f"Two families route {class_name} differently.")
+    return merged
+
+
+def _check(family):
+    problems = []
+    if family.route not in (KERAS_HUB, OURS, None):
+        problems.append(f"route {family.route!r} is none of keras_hub, ours or None")
+    if family.route == OURS and not family.attention:
+        problems.append("its route is ours, but it names no attention route")
+    if family.route != OURS and family.attention:
+        problems.append("it names attention routes its route does not use")
+    if family.route is None and not family.unsupported_reason:
+        problems.append("it has no route and no reason why")
+    if family.hybrid != bool(family.state_layers):
+        problems.append("hybrid families, and only they, name state layers")
+    if family.embedder_only and family.tensor_parallel:
+        problems.append("an embedder is served on one rank")
+    if problems:
+        raise ValueError(f"Family {family.name!r}: " + "; ".join(problems) + ".")
+
+
+for _family in FAMILIES:
+    _check(_family)
+_BY_BACKBONE = {family.backbone: family for family in FAMILIES}
+_BY_NAME = {family.name: family for family in FAMILIES}
+if len(_BY_BACKBONE) != len(FAMILIES) or len(_BY_NAME) != len(FAMILIES):
+    raise ValueError("Two families share a name or a backbone.")
+
+# Layer class name -> its route, across families.
+ATTENTION_ROUTES = _merged("attention")
+MOE_ROUTES = _merged("moe")
+STATE_LAYERS = tuple(sorted({name for f in FAMILIES for name in f.state_layers}))
+
+
+def supported_families():
+    """Display names of the causal-LM families with a route, in table order."""
+    return [
+        family.display_name
+        for family in FAMILIES
+        if family.route and not family.embedder_only
+    ]
+
+
+def tensor_parallel_families():
+    """Display names of the families served with tensor parallelism."""
+    return [family.display_name for family in FAMILIES if family.tensor_parallel]
+
+
+def family_by_name(name):
+    """Returns the `Family` with key `name`."""
+    return _BY_NAME[name]
+
+
+def family_for_backbone(backbone_class_name, preset=None):
+    """Returns the servable `Family` of a backbone class name.
+
+    Args:
+        backbone_class_name: The class name a preset's `config.json` records
+            under `class_name`, e.g. `"Llama3Backbone"`.
+        preset: The preset, only for the error message.
+
+    Raises:
+        UnsupportedFamilyError: naming the family, why it cannot be served,
+            and the families that can.
+    """
+    family = _BY_BACKBONE.get(backbone_class_name)
+    where = f"Preset '{preset}'" if preset else "This preset"
+    supported = ", ".join(supported_families())
+    if family is None:
+        raise UnsupportedFamilyError(
+            f"{where} uses {backbone_class_name}, which is not a KerasHub "
+            f"causal-LM family vllm-keras-hub knows. Supported families: "
+            f"{supported}."
+        )
+    if family.route is None:
+        raise UnsupportedFamilyError(
+            f"{where} is a {family.display_name} model ({backbone_class_name}), "
+            f"which vllm-keras-hub cannot serve yet: {family.unsupported_reason}. "
+            f"Supported families: {supported}."
+        )
+    return family

@@ -1,0 +1,58 @@
+"""`Family`: everything vllm-keras-hub knows of one KerasHub family."""
+
+import dataclasses
+
+KERAS_HUB = "keras_hub"  # keras-hub's own serving route
+OURS = "vllm_keras_hub"  # ours, from `Family.attention`
+
+
+class UnsupportedFamilyError(ValueError):
+    """A preset whose family vllm-keras-hub cannot serve."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """How one KerasHub family is served.
+
+    Args:
+        name: Short family key, e.g. `"llama3"`; its module is
+            `families/<name>.py`.
+        display_name: What users call it, e.g. `"Gemma / Gemma2"`.
+        backbone: The KerasHub backbone class name presets record.
+        route: Where attention reaches vLLM: `KERAS_HUB` for the serving
+            route keras-hub itself ships, `OURS` for the routes in
+            `attention`, `None` for no route.
+        stop_tokens: Turn-end tokens the family's `CausalLM.generate()`
+            stops on besides the tokenizer's `end_token_id` (and
+            `end_token2_id`, read from the tokenizer itself).
+        unsupported_reason: Why a family without a route cannot be served.
+        tensor_parallel: Whether its layers shard across tensor-parallel
+            ranks (`layers/parallel_linear.py`); set where `parallel_test.py`
+            proves it (Llama shares Llama3's layers).
+        pipeline_refusal: Why its backbone cannot be cut into pipeline
+            stages (`models/pipeline.py`), or `""` where it can.
+        hybrid: Whether some layers keep a recurrent state in vLLM's state
+            cache instead of a KV cache (`state_layers`).
+        embedder_only: An encoder family, served only as a text embedder
+            (`export/embedder.py`), never to generate.
+        attention: Attention-layer class name -> its
+            `layers.attention_routes.Route`, for `route == OURS`.
+        moe: MoE block class name -> its `layers.moe.MoERoute`, onto vLLM's
+            fused MoE.
+        state_layers: Layer class names that keep a recurrent state
+            (`layers/state_routes.py`).
+    """
+
+    name: str
+    display_name: str
+    backbone: str
+    route: str | None = KERAS_HUB
+    stop_tokens: tuple[str, ...] = ()
+    unsupported_reason: str = ""
+    tensor_parallel: bool = False
+    pipeline_refusal: str = ""
+    hybrid: bool = False
+    embedder_only: bool = False
+    attention: dict = dataclasses.field(default_factory=dict, hash=False)
+    moe: dict = dataclasses.field(default_factory=dict, hash=False)
+    state_layers: tuple[str, ...] = ()

@@ -1,0 +1,15 @@
+"""XLM-RoBERTa: its text embedders only, attention bidirectional."""
+
+from vllm_keras_hub.families.family import Family
+from vllm_keras_hub.families.family import OURS
+from vllm_keras_hub.layers.attention_routes import ENCODER_ROUTES
+
+
+FAMILY = Family(
+    "xlm_roberta",
+    "XLM-RoBERTa",
+    "XLMRobertaBackbone",
+    OURS,
+    embedder_only=True,
+    attention=ENCODER_ROUTES,
+)
