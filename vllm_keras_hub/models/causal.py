@@ -62,14 +62,8 @@ from vllm_keras_hub.lora import adapters as lora_adapters
 from vllm_keras_hub.lora import merged as lora
 from vllm_keras_hub.models import pipeline
 from vllm_keras_hub.models import probe
-from vllm_keras_hub.vllm_fixes.kv_sharing_uniform_specs import (
-    give_shared_layers_their_specs,
-)
-from vllm_keras_hub.vllm_fixes.pipeline_eager_buffer import (
-    keep_intermediate_buffer_in_eager_mode,
-)
+from vllm_keras_hub.vllm_fixes import apply_for_model
 from vllm_keras_hub.vllm_fixes.punica_zero_slot import keep_a_zero_slot
-from vllm_keras_hub.vllm_fixes.saved_compile import load_saved_compiles
 
 logger = init_logger(__name__)
 
@@ -128,18 +122,14 @@ class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle3):
         families.family_for_backbone(self.family.backbone, hf_config.keras_hub_preset)
         # Plain vLLM reaches here without `KerasHubLLM`'s or `serve`'s check.
         settings.check(self.family, self.image, settings.engine_values(vllm_config))
-        parallel_config = vllm_config.parallel_config
-        if parallel_config.pipeline_parallel_size > 1 and current_platform.is_cpu():
-            keep_intermediate_buffer_in_eager_mode(KerasHubForCausalLM)
-        give_shared_layers_their_specs()
+        # Before vLLM's first (compiled) call, which loads a saved compile.
+        apply_for_model(KerasHubForCausalLM, vllm_config)
         self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
             ["hidden_states"], hf_config.hidden_size
         )
         self.config = hf_config
         self.preset = hf_config.keras_hub_preset
         self.vllm_config = vllm_config
-        # Before vLLM's first (compiled) call, which loads a saved compile.
-        load_saved_compiles(KerasHubForCausalLM)
         # vLLM names a draft model's modules under `draft_model`, with no dot.
         self.prefix = f"{prefix}." if prefix and not prefix.endswith(".") else prefix
         self.backbone = None
