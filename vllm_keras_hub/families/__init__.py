@@ -10,44 +10,40 @@ a family without a route is refused at start-up with its reason, never
 served by a slower or wrong fallback.
 """
 
-from vllm_keras_hub import backend
-
-# The family modules import Keras: on torch, unless the environment names
-# another backend (then `backend.require_torch_backend()` refuses to serve).
-backend.default_to_torch()
+# First: the family modules import Keras, on torch.
+from vllm_keras_hub import keras_on_torch  # noqa: F401
+from vllm_keras_hub.families import bert
+from vllm_keras_hub.families import bloom
+from vllm_keras_hub.families import falcon
+from vllm_keras_hub.families import gemma
+from vllm_keras_hub.families import gemma3
+from vllm_keras_hub.families import gemma3n
+from vllm_keras_hub.families import gemma4
+from vllm_keras_hub.families import gpt2
+from vllm_keras_hub.families import gpt_neox
+from vllm_keras_hub.families import gpt_oss
+from vllm_keras_hub.families import llama
+from vllm_keras_hub.families import llama3
+from vllm_keras_hub.families import mistral
+from vllm_keras_hub.families import mixtral
+from vllm_keras_hub.families import opt
+from vllm_keras_hub.families import pali_gemma
+from vllm_keras_hub.families import phi3
+from vllm_keras_hub.families import qwen
+from vllm_keras_hub.families import qwen3
+from vllm_keras_hub.families import qwen3_5
+from vllm_keras_hub.families import qwen3_5_moe
+from vllm_keras_hub.families import qwen3_moe
+from vllm_keras_hub.families import qwen_moe
+from vllm_keras_hub.families import rwkv7
+from vllm_keras_hub.families import smollm3
+from vllm_keras_hub.families import xlm_roberta
+from vllm_keras_hub.families.family import KERAS_HUB
+from vllm_keras_hub.families.family import OURS
+from vllm_keras_hub.families.family import Family  # noqa: F401
+from vllm_keras_hub.families.family import UnsupportedFamilyError
 
 # Table order: what `supported_families()` lists.
-from vllm_keras_hub.families import bert  # noqa: E402
-from vllm_keras_hub.families import bloom  # noqa: E402
-from vllm_keras_hub.families import falcon  # noqa: E402
-from vllm_keras_hub.families import gemma  # noqa: E402
-from vllm_keras_hub.families import gemma3  # noqa: E402
-from vllm_keras_hub.families import gemma3n  # noqa: E402
-from vllm_keras_hub.families import gemma4  # noqa: E402
-from vllm_keras_hub.families import gpt2  # noqa: E402
-from vllm_keras_hub.families import gpt_neox  # noqa: E402
-from vllm_keras_hub.families import gpt_oss  # noqa: E402
-from vllm_keras_hub.families import llama  # noqa: E402
-from vllm_keras_hub.families import llama3  # noqa: E402
-from vllm_keras_hub.families import mistral  # noqa: E402
-from vllm_keras_hub.families import mixtral  # noqa: E402
-from vllm_keras_hub.families import opt  # noqa: E402
-from vllm_keras_hub.families import pali_gemma  # noqa: E402
-from vllm_keras_hub.families import phi3  # noqa: E402
-from vllm_keras_hub.families import qwen  # noqa: E402
-from vllm_keras_hub.families import qwen3  # noqa: E402
-from vllm_keras_hub.families import qwen3_5  # noqa: E402
-from vllm_keras_hub.families import qwen3_5_moe  # noqa: E402
-from vllm_keras_hub.families import qwen3_moe  # noqa: E402
-from vllm_keras_hub.families import qwen_moe  # noqa: E402
-from vllm_keras_hub.families import rwkv7  # noqa: E402
-from vllm_keras_hub.families import smollm3  # noqa: E402
-from vllm_keras_hub.families import xlm_roberta  # noqa: E402
-from vllm_keras_hub.families.family import KERAS_HUB  # noqa: E402
-from vllm_keras_hub.families.family import OURS  # noqa: E402
-from vllm_keras_hub.families.family import Family  # noqa: E402, F401
-from vllm_keras_hub.families.family import UnsupportedFamilyError  # noqa: E402
-
 FAMILIES = tuple(
     module.FAMILY
     for module in (
@@ -125,7 +121,7 @@ def family_for_backbone(backbone_class_name, preset=None):
 
     Args:
         backbone_class_name: The class name a preset's `config.json` records
-            under `class_name`, e.g. `"Llama3Backbone"`.
+            under `class_name`, e.g. `"GemmaBackbone"`.
         preset: The preset, only for the error message.
 
     Raises:

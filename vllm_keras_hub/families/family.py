@@ -41,6 +41,12 @@ class Family:
             fused MoE.
         state_layers: Layer class names that keep a recurrent state
             (`layers/state_routes.py`).
+        text_forward: `text_forward(backbone, token_ids, padding_mask,
+            positions, layers, hidden)`, the final hidden states where the
+            backbone's own graph cannot give them (it demands image or
+            audio inputs, or a pipeline stage of a loop over its layers);
+            `None` from it, or no function, runs the backbone's own graph
+            (`models/text_forward.py`).
     """
 
     name: str
@@ -56,3 +62,4 @@ class Family:
     attention: dict = dataclasses.field(default_factory=dict, hash=False)
     moe: dict = dataclasses.field(default_factory=dict, hash=False)
     state_layers: tuple[str, ...] = ()
+    text_forward: object = None

@@ -69,6 +69,29 @@ def kv_sharing_targets(backbone):
     return targets
 
 
+def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidden=None):
+    # `Gemma3nCausalLM.call_with_cache`: the embedding processor (token and
+    # per-layer embeddings), then the text model (AltUp, Laurel, layers,
+    # final norm). With images, the processor's per-layer inputs, projected
+    # with the embeddings the images were merged into.
+    processor = backbone.embedding_processor
+    embeddings = hidden
+    if embeddings is None:
+        embeddings, per_layer_inputs = processor({"token_ids": token_ids})
+    else:
+        in_vocabulary = ops.logical_and(
+            token_ids >= 0, token_ids < processor.vocab_size_per_layer_input
+        )
+        per_layer_ids = ops.where(in_vocabulary, token_ids, ops.zeros_like(token_ids))
+        text_model = backbone.language_model
+        per_layer_inputs = text_model.project_per_layer_inputs(
+            embeddings, text_model.get_per_layer_inputs(per_layer_ids)
+        )
+    return backbone.language_model(
+        token_ids, ops.cast(padding_mask, "bool"), embeddings, per_layer_inputs
+    )
+
+
 FAMILY = Family(
     "gemma3n",
     "Gemma3n",
@@ -87,4 +110,5 @@ FAMILY = Family(
             kv_sharing_targets=kv_sharing_targets,
         )
     },
+    text_forward=text_forward,
 )

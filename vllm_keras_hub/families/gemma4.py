@@ -121,6 +121,74 @@ def expert_scale(block, read):
     return scale.to(getattr(torch, block.compute_dtype)).float()
 
 
+def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidden=None):
+    # `Gemma4Backbone`'s graph (as its `CausalLM`'s `call_with_cache`, with
+    # no cache): scaled token embeddings (or the given ones, images merged
+    # in and scaled), per-layer inputs where the preset has them, and each
+    # KV-sharing layer handed its source layer's K/V (in the same stage:
+    # `pipeline.py`). A stage after the first takes the hidden states with
+    # the per-layer inputs beside them, and all but the last return both.
+    count = len(backbone.transformer_layers)
+    start, end = layers or (0, count)
+    per_layer = backbone.hidden_size_per_layer_input
+    if start == 0:
+        x, per_layer_inputs = _inputs(backbone, token_ids, hidden)
+    else:
+        x = hidden[..., : backbone.hidden_dim]
+        per_layer_inputs = hidden[..., backbone.hidden_dim :] if per_layer > 0 else None
+    shared_kv = {}
+    for index in range(start, end):
+        layer = backbone.transformer_layers[index]
+        per_layer_input = None
+        if per_layer > 0:
+            per_layer_input = per_layer_inputs[..., index * per_layer : (index + 1) * per_layer]
+        source = layer.kv_shared_layer_index if layer.is_kv_shared_layer else None
+        x, shared_kv[index] = layer(
+            x,
+            padding_mask=padding_mask,
+            per_layer_input=per_layer_input,
+            shared_kv=shared_kv.get(source),
+            positions=positions,
+        )
+    if end < count:
+        return x if per_layer_inputs is None else ops.concatenate([x, per_layer_inputs], -1)
+    return backbone.layer_norm(x)
+
+
+def _inputs(backbone, token_ids, embeddings=None):
+    """Gemma4's input embeddings and its per-layer inputs of all layers,
+    `(batch, length, layers * per_layer)`, or `None` without them."""
+    x = backbone.token_embedding(token_ids) if embeddings is None else embeddings
+    per_layer = backbone.hidden_size_per_layer_input
+    if per_layer > 0:
+        per_layer_embedding = ops.cast(
+            backbone.per_layer_token_embedding(token_ids), x.dtype
+        )
+        per_layer_embedding = per_layer_embedding * ops.cast(
+            float(per_layer) ** 0.5, x.dtype
+        )
+    if embeddings is None:
+        x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
+    if per_layer <= 0:
+        return x, None
+    per_layer_projection = backbone.per_layer_model_projection(x)
+    per_layer_projection = per_layer_projection * ops.cast(
+        float(backbone.hidden_dim) ** -0.5, per_layer_projection.dtype
+    )
+    inputs = []
+    for index in range(len(backbone.transformer_layers)):
+        block = slice(index * per_layer, (index + 1) * per_layer)
+        projection = per_layer_projection[:, :, block]
+        inputs.append(
+            (
+                backbone.per_layer_projection_norm(projection)
+                + per_layer_embedding[:, :, block]
+            )
+            * ops.cast(2.0**-0.5, projection.dtype)
+        )
+    return x, ops.concatenate(inputs, -1)
+
+
 FAMILY = Family(
     "gemma4",
     "Gemma4",
@@ -138,4 +206,5 @@ FAMILY = Family(
             moe_call, moe_spec, moe_weights, moe_variables, expert_scale, record_top_k
         )
     },
+    text_forward=text_forward,
 )

@@ -4,7 +4,22 @@ Every prompt is an image and its text, attended bidirectionally; the output
 causally (`models/prefix_lm.py`).
 """
 
+from keras import ops
+
 from vllm_keras_hub.families.family import Family
+
+
+def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidden=None):
+    # `PaliGemmaCausalLM.call_with_cache`: the given embeddings (prefixes,
+    # images first, from `prefix_lm.py`) or the scaled token embeddings,
+    # the layers, the final norm. Their masks are vLLM's attention's.
+    x = hidden
+    if x is None:
+        x = backbone.token_embedding(token_ids)
+        x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
+    for layer in backbone.transformer_layers:
+        x = layer(x)
+    return backbone.layer_norm(x)
 
 
 FAMILY = Family(
@@ -16,4 +31,5 @@ FAMILY = Family(
         "its prefix (the image and the prompt, attended both ways) is not "
         "placed in pipeline stages yet"
     ),
+    text_forward=text_forward,
 )

@@ -104,6 +104,22 @@ def mrope_rotate(x, cos, sin, rotary_dim):
     return ops.concatenate([ops.cast(rotated, x.dtype), x[..., rotary_dim:]], axis=-1)
 
 
+def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidden=None):
+    # Text-only presets run their own graph.
+    if backbone.text_only_model:
+        return None
+    # `Qwen3_5Backbone`'s graph without images (its `__call__` would run the
+    # vision encoder on none): token embeddings, the layers, the final norm;
+    # at a pipeline stage, its own layers (the norm on the last).
+    start, end = layers or (0, len(backbone.transformer_layers))
+    x = backbone.token_embedding(token_ids) if hidden is None else hidden
+    for layer in backbone.transformer_layers[start:end]:
+        x = layer(x, decoder_padding_mask=padding_mask)
+    if end < len(backbone.transformer_layers):
+        return x
+    return backbone.layer_norm(x)
+
+
 # The KerasHub layer that keeps a recurrent state, not a KV cache.
 STATE_LAYERS = ("Qwen3_5GatedDeltaNet",)
 
@@ -116,4 +132,5 @@ FAMILY = Family(
     hybrid=True,
     attention={"Qwen3_5Attention": Route(attention)},
     state_layers=STATE_LAYERS,
+    text_forward=text_forward,
 )

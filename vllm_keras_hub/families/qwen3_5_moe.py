@@ -47,4 +47,5 @@ FAMILY = Family(
         )
     },
     state_layers=qwen3_5.STATE_LAYERS,
+    text_forward=qwen3_5.text_forward,
 )

@@ -273,7 +273,7 @@ def _loop_path(backbone):
 
 def _per_layer_width(backbone):
     # Gemma4's per-layer inputs of all layers, which cross with the hidden
-    # states (`text_forward._gemma4`).
+    # states (`families/gemma4.py`, `text_forward`).
     per_layer = getattr(backbone, "hidden_size_per_layer_input", 0) or 0
     return per_layer * len(transformer_layers(backbone))
 
