@@ -130,3 +130,93 @@ def test_plain_vllm_serves_a_hugging_face_model(
     assert result.returncode == 0, result.stderr[-3000:]
     tokens = [line for line in result.stdout.splitlines() if line.startswith("tokens")]
     assert len(tokens) == 1 and len(eval(tokens[0][len("tokens") :])) == 6
+
+
+# keras-hub's own plugin registers these for its own serving class and
+# tokenizer where tpu-inference is installed (keras-hub-nightly 0.33 too),
+# and its open GPU PR would register them everywhere. Here they are
+# registered first by hand, as that plugin would.
+KERAS_HUB_FIRST = """
+    import sys
+    from vllm import LLM, ModelRegistry, SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.tokenizers.registry import TokenizerRegistry
+
+    if __name__ == "__main__":
+        if sys.argv[2] == "keras-hub-first":
+            ModelRegistry.register_model(
+                "KerasHubForCausalLM",
+                "keras_hub.src.vllm.keras_hub_vllm_wrapper:KerasHubVllmModel",
+            )
+            TokenizerRegistry.register(
+                "keras_hub", "keras_hub.src.vllm.tokenizer", "KerasHubTokenizer"
+            )
+        llm = LLM(sys.argv[1], load_format="keras_hub", enforce_eager=True,
+                  max_model_len=128, kv_cache_memory_bytes=1 << 30, dtype="float32")
+        runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker
+        print("served by", type(runner.worker.model_runner.model).__module__)
+        print("former name", ModelRegistry.models["KerasHubForCausalLM"].module_name)
+        print("former mode", TokenizerRegistry.tokenizers["keras_hub"][0])
+        params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+        out = llm.generate(TokensPrompt(prompt_token_ids=[1, 5, 9, 14]), params)
+        print("tokens", list(out[0].outputs[0].token_ids))
+"""
+
+
+def _lines(result):
+    """`{"served by": ..., "former name": ..., "former mode": ..., "tokens": ...}`."""
+    assert result.returncode == 0, result.stderr[-3000:]
+    keys = ("served by", "former name", "former mode", "tokens")
+    return {
+        key: line[len(key) + 1 :]
+        for line in result.stdout.splitlines()
+        for key in keys
+        if line.startswith(key + " ")
+    }
+
+
+def test_our_names_coexist_with_keras_hubs_own_plugin(tmp_path):
+    """Our folders name our own model class and tokenizer mode, so keras-hub's
+    registrations, made first, neither take our folders nor are overwritten;
+    a folder written under the former names still serves where nothing else
+    holds them."""
+    import json
+
+    from vllm_keras_hub.export.preset_folder import write_model_folder
+
+    preset = build_tiny_preset("llama3", str(tmp_path / "preset"))
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    write_model_folder(preset, str(folder))
+    script = tmp_path / "serve.py"
+    script.write_text(textwrap.dedent(KERAS_HUB_FIRST))
+
+    def serve(model_folder, order):
+        return _lines(
+            subprocess.run(
+                [sys.executable, str(script), str(model_folder), order],
+                env=user_env(VLLM_ENABLE_V1_MULTIPROCESSING="0"),
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+        )
+
+    first = serve(folder, "keras-hub-first")
+    assert first["served by"] == "vllm_keras_hub.models.causal"
+    assert first["former name"] == "keras_hub.src.vllm.keras_hub_vllm_wrapper"
+    assert first["former mode"] == "keras_hub.src.vllm.tokenizer"
+
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["KerasHubTorchForCausalLM"]
+    config["architectures"] = ["KerasHubForCausalLM"]
+    former = tmp_path / "former"
+    former.mkdir()
+    for path in folder.iterdir():
+        (former / path.name).write_bytes(path.read_bytes())
+    (former / "config.json").write_text(json.dumps(config))
+    alone = serve(former, "ours-alone")
+    assert alone["served by"] == "vllm_keras_hub.models.causal"
+    assert alone["former name"] == "vllm_keras_hub.models.causal"
+    assert alone["former mode"] == "vllm_keras_hub.export.keras_hub_tokenizers"
+    assert alone["tokens"] == first["tokens"]

@@ -7,10 +7,6 @@ model class is registered by name and imported only when a KerasHub model is
 built (see `backend.py` for why that matters).
 """
 
-ARCHITECTURE_CLASS = "vllm_keras_hub.models.causal:KerasHubForCausalLM"
-HYBRID_ARCHITECTURE_CLASS = "vllm_keras_hub.models.hybrid:KerasHubHybridForCausalLM"
-EMBEDDING_ARCHITECTURE_CLASS = "vllm_keras_hub.models.pooling:KerasHubForEmbedding"
-
 
 def register():
     """Registers our config type, model class, load format and tokenizer mode.
@@ -22,7 +18,7 @@ def register():
     from vllm.tokenizers.registry import TokenizerRegistry
 
     from vllm_keras_hub import backend
-    from vllm_keras_hub.export import embedder
+    from vllm_keras_hub.export import architectures
     from vllm_keras_hub.export import hf_config as config
 
     # Importing the load format registers it.
@@ -32,37 +28,28 @@ def register():
     backend.forget_failed_keras_import()
     config.register_config()
     supported = ModelRegistry.get_supported_archs()
-    if config.ARCHITECTURE not in supported:
-        ModelRegistry.register_model(config.ARCHITECTURE, ARCHITECTURE_CLASS)
-    if config.HYBRID_ARCHITECTURE not in supported:
-        ModelRegistry.register_model(
-            config.HYBRID_ARCHITECTURE, HYBRID_ARCHITECTURE_CLASS
-        )
-    if embedder.EMBEDDING_ARCHITECTURE not in supported:
-        ModelRegistry.register_model(
-            embedder.EMBEDDING_ARCHITECTURE, EMBEDDING_ARCHITECTURE_CLASS
-        )
-    modules = {config.PREFIX_LM_ARCHITECTURE: "prefix_lm", config.MROPE_ARCHITECTURE: "mrope"}
-    for architecture in set(config.VISION_ARCHITECTURES.values()):
-        module = modules.get(architecture, "vision")
+    for architecture, model_class in architectures.CLASSES.items():
         if architecture not in supported:
-            ModelRegistry.register_model(
-                architecture, f"vllm_keras_hub.models.{module}:{architecture}"
-            )
+            ModelRegistry.register_model(architecture, model_class)
+    # Former names only where no other plugin (keras-hub's) holds them.
+    for former, architecture in architectures.FORMER.items():
+        if former not in supported:
+            ModelRegistry.register_model(former, architectures.CLASSES[architecture])
     # For tokenizers that cannot be exported exactly: keras-hub's own adapter,
-    # through a module that first makes Keras use torch.
-    TokenizerRegistry.register(
-        config.KERAS_HUB_TOKENIZER_MODE,
-        "vllm_keras_hub.export.keras_hub_tokenizers",
-        "KerasHubTokenizer",
-    )
-    RENDERER_REGISTRY.register(
-        config.KERAS_HUB_TOKENIZER_MODE, "vllm.renderers.hf", "HfRenderer"
-    )
+    # through a module that first makes Keras use torch. The former mode
+    # name only where keras-hub's plugin has not registered its own.
+    own_modes = [config.KERAS_HUB_TOKENIZER_MODE]
+    if config.FORMER_KERAS_HUB_TOKENIZER_MODE not in TokenizerRegistry.tokenizers:
+        own_modes.append(config.FORMER_KERAS_HUB_TOKENIZER_MODE)
+    for mode in own_modes:
+        TokenizerRegistry.register(
+            mode, "vllm_keras_hub.export.keras_hub_tokenizers", "KerasHubTokenizer"
+        )
+        RENDERER_REGISTRY.register(mode, "vllm.renderers.hf", "HfRenderer")
     image_first = config.IMAGE_FIRST_TOKENIZER_MODES
     TokenizerRegistry.register(image_first["auto"], "vllm.tokenizers.hf", "CachedHfTokenizer")
     TokenizerRegistry.register(
-        image_first["keras_hub"],
+        image_first[config.KERAS_HUB_TOKENIZER_MODE],
         "vllm_keras_hub.export.keras_hub_tokenizers",
         "KerasHubTokenizer",
     )

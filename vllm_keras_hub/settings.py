@@ -11,6 +11,7 @@ the checks of images, parallel layouts and hybrid state are in
 import os
 
 from vllm_keras_hub import speculative
+from vllm_keras_hub.export import architectures
 from vllm_keras_hub.export.image_format import needs_whole_images
 from vllm_keras_hub.hybrid_settings import UnsupportedHybridConfigError  # noqa: F401
 from vllm_keras_hub.hybrid_settings import check_hybrid_settings
@@ -175,7 +176,6 @@ def settle(folder, values, given):
         A dict of engine arguments to set.
     """
     from vllm_keras_hub.export.hf_config import LOAD_FORMAT
-    from vllm_keras_hub.export.hf_config import MROPE_ARCHITECTURE
     from vllm_keras_hub.scheduler import IMAGE_SCHEDULER
 
     updates = {}
@@ -193,7 +193,7 @@ def settle(folder, values, given):
         if "max_num_batched_tokens" not in given:
             max_model_len = values.get("max_model_len") or folder.max_model_len
             updates["max_num_batched_tokens"] = max_model_len
-    if folder.architecture == MROPE_ARCHITECTURE and "skip_mm_profiling" not in given:
+    if folder.architecture == architectures.MROPE and "skip_mm_profiling" not in given:
         from vllm.platforms import current_platform
 
         # vLLM's profile run would encode the largest image and video the

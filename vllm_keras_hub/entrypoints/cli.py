@@ -158,7 +158,7 @@ def _parser_flags(values):
 def export(model, directory):
     """Writes the model folder of MODEL into `directory` (new or empty)."""
     from vllm_keras_hub.export.hf_config import LOAD_FORMAT
-    from vllm_keras_hub.export.hf_config import MROPE_ARCHITECTURE
+    from vllm_keras_hub.export import architectures
     from vllm_keras_hub.export.image_format import needs_whole_images
     from vllm_keras_hub.export.preset_folder import write_model_folder
     from vllm_keras_hub.settings import default_media_io
@@ -182,7 +182,7 @@ def export(model, directory):
     if image and image["bidirectional"] == "prefix":
         # A PaliGemma prompt is computed in one step (`settings.settle`).
         flags += f" --max-num-batched-tokens {config['max_position_embeddings']}"
-    if config["architectures"][0] == MROPE_ARCHITECTURE:
+    if architectures.current(config["architectures"][0]) == architectures.MROPE:
         # No encoder profile on the largest image (`settings.settle`; it
         # sets it on the CPU only).
         flags += " --skip-mm-profiling"

@@ -15,8 +15,9 @@ import dataclasses
 import json
 import os
 
+from vllm_keras_hub.export import architectures
+
 # vLLM's architecture name for a KerasHub text embedder (`models/pooling.py`).
-EMBEDDING_ARCHITECTURE = "KerasHubForEmbedding"
 
 # The TextEmbedder classes served, by the backbone each takes.
 SERVED = {
@@ -72,7 +73,7 @@ class Embedder:
     def config_fields(self):
         """The `config.json` fields of the embedder's model folder."""
         fields = {
-            "architectures": [EMBEDDING_ARCHITECTURE],
+            "architectures": [architectures.EMBEDDING],
             "keras_hub_embedder": dataclasses.asdict(self),
             "embedding_size": self.size,
             "is_causal": not self.bidirectional,

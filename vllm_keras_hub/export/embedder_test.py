@@ -43,7 +43,7 @@ def test_the_tokenizer_packs_texts_as_the_preprocessor_does(exported):
 def test_the_folder_says_how_the_preset_pools(exported):
     name, _, folder, _ = exported
     config = _read(folder, "config.json")
-    assert config["architectures"] == [embedder_lib.EMBEDDING_ARCHITECTURE]
+    assert config["architectures"] == ["KerasHubTorchForEmbedding"]
     modules = [module["type"].rpartition(".")[2] for module in _read(folder, "modules.json")]
     pooling = _read(folder, "1_Pooling", "config.json")["pooling_mode"]
     want = {

@@ -10,37 +10,22 @@ from transformers import AutoConfig
 from transformers import PretrainedConfig
 
 MODEL_TYPE = "keras_hub_torch"
-ARCHITECTURE = "KerasHubForCausalLM"
-# The model class of presets that mix attention with recurrent-state layers.
-HYBRID_ARCHITECTURE = "KerasHubHybridForCausalLM"
-# The model classes of presets served with images (`vision.py`), by
-# backbone: one per family, as vLLM names a multimodal model class per
-# family, since each has its own image placeholder.
-VISION_ARCHITECTURES = {
-    "Gemma3Backbone": "KerasHubVisionForCausalLM",
-    "Gemma3nBackbone": "KerasHubGemma3nVisionForCausalLM",
-    "Gemma4Backbone": "KerasHubGemma4VisionForCausalLM",
-    "PaliGemmaBackbone": "KerasHubPaliGemmaForCausalLM",
-    "Qwen3_5Backbone": "KerasHubQwen3_5VisionForCausalLM",
-    "Qwen3_5MoeBackbone": "KerasHubQwen3_5VisionForCausalLM",
-}
-# The one whose images are placed by M-RoPE positions (`models/mrope.py`).
-MROPE_ARCHITECTURE = "KerasHubQwen3_5VisionForCausalLM"
-# The one whose prompts are prefixes, image first (`models/prefix_lm.py`).
-PREFIX_LM_ARCHITECTURE = "KerasHubPaliGemmaForCausalLM"
 # Its tokenizer modes, by the folder's own: the same tokenizer, with a
 # renderer that refuses prompts without an image
 # (`entrypoints/image_first_renderer.py`).
 IMAGE_FIRST_TOKENIZER_MODES = {
     "auto": "keras_hub_image_first",
-    "keras_hub": "keras_hub_image_first_own",
+    "keras_hub_torch": "keras_hub_image_first_own",
 }
 # The load format that builds a KerasHub model from its preset
 # (`loading/load_format.py`).
 LOAD_FORMAT = "keras_hub"
 # The tokenizer mode under which keras-hub's own `KerasHubTokenizer` serves a
 # tokenizer that cannot be exported exactly.
-KERAS_HUB_TOKENIZER_MODE = "keras_hub"
+KERAS_HUB_TOKENIZER_MODE = "keras_hub_torch"
+# Its name before: keras-hub's own plugin registers `keras_hub` for its own
+# tokenizer, so ours is kept under it only where that plugin did not run.
+FORMER_KERAS_HUB_TOKENIZER_MODE = "keras_hub"
 # The same for a text embedder, which packs texts as its preprocessor does
 # (`export/keras_hub_tokenizers.py`).
 KERAS_HUB_EMBEDDER_TOKENIZER_MODE = "keras_hub_embedder"
@@ -119,8 +104,7 @@ _LINEAR_ATTENTION_FIELDS = (
 def hybrid_fields(backbone_config):
     """The `config.json` fields of a hybrid preset; `{}` for attention only.
 
-    The architecture is `HYBRID_ARCHITECTURE`, `layer_types` says which
-    layers attend (`"full_attention"`) and which keep a Gated DeltaNet
+    `layer_types` says which layers attend (`"full_attention"`) and which keep a Gated DeltaNet
     state (`"linear_attention"`), and the `linear_*` fields size that state.
     """
     if "linear_num_key_heads" not in backbone_config:
@@ -133,7 +117,7 @@ def hybrid_fields(backbone_config):
     if "linear_attention" not in layer_types:
         return {}
     fields = {name: int(backbone_config[name]) for name in _LINEAR_ATTENTION_FIELDS}
-    return dict(architectures=[HYBRID_ARCHITECTURE], layer_types=list(layer_types), **fields)
+    return dict(layer_types=list(layer_types), **fields)
 
 
 def read_media_format(config, modality, fields):

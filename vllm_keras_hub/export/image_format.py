@@ -19,8 +19,8 @@ processor (`multimodal.py`) and the model class (`vision.py`):
   sliding window.
 """
 
-from vllm_keras_hub.export.hf_config import MROPE_ARCHITECTURE
-from vllm_keras_hub.export.hf_config import VISION_ARCHITECTURES
+from vllm_keras_hub import families
+from vllm_keras_hub.export import architectures
 from vllm_keras_hub.export.hf_config import read_media_format
 
 
@@ -71,11 +71,11 @@ def image_fields(preset, backbone_class, backbone_config, tokenizer):
         backbone_config: Its backbone config.
         tokenizer: Its KerasHub tokenizer.
     """
-    architecture = VISION_ARCHITECTURES.get(backbone_class)
-    if backbone_class == "PaliGemmaBackbone":
-        return _prefix_lm_fields(preset, architecture, backbone_config, tokenizer)
-    if architecture == MROPE_ARCHITECTURE:
-        return _mrope_fields(preset, architecture, backbone_config, tokenizer)
+    architecture = families.family_for_backbone(backbone_class).image_architecture
+    if architecture == architectures.PREFIX_LM:
+        return _prefix_lm_fields(preset, backbone_config, tokenizer)
+    if architecture == architectures.MROPE:
+        return _mrope_fields(preset, backbone_config, tokenizer)
     has_encoder = backbone_config.get("vision_encoder") or backbone_config.get(
         "vision_encoder_config"
     )
@@ -126,10 +126,10 @@ def image_fields(preset, backbone_class, backbone_config, tokenizer):
                 bidirectional="sliding",
                 window=int(backbone_config["sliding_window_size"]),
             )
-    return dict(architectures=[architecture], keras_hub_image=image)
+    return dict(keras_hub_image=image)
 
 
-def _prefix_lm_fields(preset, architecture, backbone_config, tokenizer):
+def _prefix_lm_fields(preset, backbone_config, tokenizer):
     """PaliGemma: every prompt is one image and its text, the image first.
 
     `PaliGemmaCausalLM` puts the ViT's embeddings (one per patch) before the
@@ -160,10 +160,10 @@ def _prefix_lm_fields(preset, architecture, backbone_config, tokenizer):
         bidirectional="prefix",
         window=window,
     )
-    return dict(architectures=[architecture], keras_hub_image=image)
+    return dict(keras_hub_image=image)
 
 
-def _mrope_fields(preset, architecture, backbone_config, tokenizer):
+def _mrope_fields(preset, backbone_config, tokenizer):
     """Qwen3.5: `<|image_pad|>` expands to one per merged patch of its image.
 
     The prompt (its chat template) writes `<|vision_start|><|image_pad|>
@@ -196,7 +196,7 @@ def _mrope_fields(preset, architecture, backbone_config, tokenizer):
         bidirectional=None,
         window=None,
     )
-    fields = dict(architectures=[architecture], keras_hub_image=image)
+    fields = dict(keras_hub_image=image)
     section = backbone_config.get("mrope_section")
     if section:
         fields["rope_parameters"] = dict(

@@ -15,6 +15,7 @@ import uuid
 import weakref
 
 from vllm_keras_hub import families
+from vllm_keras_hub.export import architectures
 from vllm_keras_hub.export.preset_folder import write_model_folder
 
 
@@ -108,7 +109,7 @@ class ModelFolder:
             config = json.load(f)
         self.family = families.family_by_name(config["keras_hub_family"])
         # The vLLM model class's name.
-        self.architecture = config["architectures"][0]
+        self.architecture = architectures.current(config["architectures"][0])
         # The preset, as the model class loads it (local folders absolute).
         self.preset = config["keras_hub_preset"]
         # The image format of a preset served with images (`export/image_format.py`),

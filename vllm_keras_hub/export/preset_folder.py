@@ -12,6 +12,7 @@ import logging
 import os
 
 from vllm_keras_hub import families
+from vllm_keras_hub.export import architectures
 from vllm_keras_hub.export import audio_format
 from vllm_keras_hub.export import chat_templates
 from vllm_keras_hub.export import checkpoint_tokenizer
@@ -172,7 +173,7 @@ def write_model_folder(preset, directory, max_model_len=None):
 
     Returns:
         The tokenizer mode vLLM must use: `"auto"` for the exported
-        tokenizer, `"keras_hub"` where only KerasHub's own tokenizer is exact
+        tokenizer, `"keras_hub_torch"` where only KerasHub's own tokenizer is exact
         (for PaliGemma, their image-first modes).
     """
     config_lib.register_config()
@@ -204,6 +205,8 @@ def write_model_folder(preset, directory, max_model_len=None):
     chat_format = chat_format_of(preset, family, set(tokenizer.get_vocabulary()))
     stop_ids = stop_token_ids(tokenizer, family.stop_tokens + chat_format.turn_end_tokens)
     images = image_config.image_fields(preset, family.backbone, backbone_config, tokenizer)
+    hybrid = config_lib.hybrid_fields(backbone_config)
+    architecture = architectures.choose(family, images=bool(images), hybrid=bool(hybrid))
     model_config = config_lib.KerasHubConfig(
         keras_hub_preset=preset,
         keras_hub_family=family.name,
@@ -215,9 +218,9 @@ def write_model_folder(preset, directory, max_model_len=None):
         keras_hub_tool_parser=chat_format.tool_parser,
         keras_hub_reasoning_parser=chat_format.reasoning_parser,
         **{
-            "architectures": [config_lib.ARCHITECTURE],
+            "architectures": [architecture],
             **dims,
-            **config_lib.hybrid_fields(backbone_config),
+            **hybrid,
             **images,
             **audio_format.audio_fields(
                 preset, family.backbone, backbone_config, tokenizer, bool(images)

@@ -42,7 +42,7 @@ def test_folder_holds_config_tokenizer_and_generation_config_but_no_weights(tiny
         assert "tokenizer.json" in files
         assert not [f for f in files if f.endswith((".safetensors", ".bin", ".h5"))]
         config = read(folder.path, "config.json")
-        assert config["architectures"] == ["KerasHubForCausalLM"]
+        assert config["architectures"] == ["KerasHubTorchForCausalLM"]
         assert config["model_type"] == "keras_hub_torch"
         assert config["keras_hub_preset"] == os.path.abspath(tiny("llama3"))
         assert config["keras_hub_family"] == "llama3"

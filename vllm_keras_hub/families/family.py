@@ -41,6 +41,8 @@ class Family:
             fused MoE.
         state_layers: Layer class names that keep a recurrent state
             (`layers/state_routes.py`).
+        image_architecture: The vLLM model class of its presets served
+            with images (`export/architectures.py`); `None`: text only.
         text_forward: `text_forward(backbone, token_ids, padding_mask,
             positions, layers, hidden)`, the final hidden states where the
             backbone's own graph cannot give them (it demands image or
@@ -62,4 +64,5 @@ class Family:
     attention: dict = dataclasses.field(default_factory=dict, hash=False)
     moe: dict = dataclasses.field(default_factory=dict, hash=False)
     state_layers: tuple[str, ...] = ()
+    image_architecture: str | None = None
     text_forward: object = None

@@ -2,6 +2,7 @@
 
 from keras import ops
 
+from vllm_keras_hub.export import architectures
 from vllm_keras_hub.families.family import Family
 
 
@@ -32,4 +33,5 @@ FAMILY = Family(
     stop_tokens=("<end_of_turn>",),
     tensor_parallel=True,
     text_forward=text_forward,
+    image_architecture=architectures.GEMMA3_VISION,
 )

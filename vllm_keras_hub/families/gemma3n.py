@@ -7,6 +7,7 @@ and compute only their query; the targets come from the backbone
 
 from keras import ops
 
+from vllm_keras_hub.export import architectures
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
 from vllm_keras_hub.layers.attention_routes import OUTPUT_WEIGHTS_AND_CACHE
@@ -111,4 +112,5 @@ FAMILY = Family(
         )
     },
     text_forward=text_forward,
+    image_architecture=architectures.GEMMA3N_VISION,
 )

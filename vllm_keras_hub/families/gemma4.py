@@ -8,6 +8,7 @@ decoder block's own router.
 import torch
 from keras import ops
 
+from vllm_keras_hub.export import architectures
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
 from vllm_keras_hub.layers import moe
@@ -207,4 +208,5 @@ FAMILY = Family(
         )
     },
     text_forward=text_forward,
+    image_architecture=architectures.GEMMA4_VISION,
 )

@@ -6,6 +6,7 @@ causally (`models/prefix_lm.py`).
 
 from keras import ops
 
+from vllm_keras_hub.export import architectures
 from vllm_keras_hub.families.family import Family
 
 
@@ -32,4 +33,5 @@ FAMILY = Family(
         "placed in pipeline stages yet"
     ),
     text_forward=text_forward,
+    image_architecture=architectures.PREFIX_LM,
 )

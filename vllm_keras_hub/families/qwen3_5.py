@@ -8,6 +8,7 @@ attention rotates at M-RoPE positions (`models/mrope.py`).
 from keras import ops
 from keras_hub.src.models.qwen3_5.qwen3_5_attention import _apply_mrope
 
+from vllm_keras_hub.export import architectures
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
 from vllm_keras_hub.layers import step
@@ -133,4 +134,5 @@ FAMILY = Family(
     attention={"Qwen3_5Attention": Route(attention)},
     state_layers=STATE_LAYERS,
     text_forward=text_forward,
+    image_architecture=architectures.MROPE,
 )

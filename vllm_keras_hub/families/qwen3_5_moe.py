@@ -3,6 +3,7 @@
 from keras import ops
 
 from vllm_keras_hub.families import qwen3_5
+from vllm_keras_hub.export import architectures
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
 from vllm_keras_hub.layers import moe
@@ -48,4 +49,5 @@ FAMILY = Family(
     },
     state_layers=qwen3_5.STATE_LAYERS,
     text_forward=qwen3_5.text_forward,
+    image_architecture=architectures.MROPE,
 )

@@ -1,0 +1,73 @@
+"""The vLLM model classes vllm-keras-hub registers, and the choice of one.
+
+vLLM picks a model class by the `architectures` a folder's `config.json`
+names. `choose` is the one place that decides it for a preset; `CLASSES`
+is what the plugin registers, by module path, so registering imports no
+Keras (see `plugin.py`).
+
+The names are our own (`KerasHubTorch...`, as the config's `model_type` is
+`keras_hub_torch`): keras-hub registers `KerasHubForCausalLM` for its own
+serving class from its own plugin, and whichever plugin registered a shared
+name first would serve the other's folders. `FORMER` keeps the names older
+folders carry readable, wherever nothing else holds them.
+"""
+
+CAUSAL = "KerasHubTorchForCausalLM"
+# Presets that mix attention with recurrent-state layers.
+HYBRID = "KerasHubTorchHybridForCausalLM"
+EMBEDDING = "KerasHubTorchForEmbedding"
+# Presets served with images: one class per family, as vLLM names a
+# multimodal model class per family, since each has its own placeholder.
+GEMMA3_VISION = "KerasHubTorchGemma3VisionForCausalLM"
+GEMMA3N_VISION = "KerasHubTorchGemma3nVisionForCausalLM"
+GEMMA4_VISION = "KerasHubTorchGemma4VisionForCausalLM"
+# Prompts are prefixes, image first (`models/prefix_lm.py`).
+PREFIX_LM = "KerasHubTorchPaliGemmaForCausalLM"
+# Images placed by M-RoPE positions (`models/mrope.py`).
+MROPE = "KerasHubTorchQwen3_5VisionForCausalLM"
+
+_MODELS = "vllm_keras_hub.models"
+CLASSES = {
+    CAUSAL: f"{_MODELS}.causal:KerasHubForCausalLM",
+    HYBRID: f"{_MODELS}.hybrid:KerasHubHybridForCausalLM",
+    EMBEDDING: f"{_MODELS}.pooling:KerasHubForEmbedding",
+    GEMMA3_VISION: f"{_MODELS}.vision:KerasHubVisionForCausalLM",
+    GEMMA3N_VISION: f"{_MODELS}.vision:KerasHubGemma3nVisionForCausalLM",
+    GEMMA4_VISION: f"{_MODELS}.vision:KerasHubGemma4VisionForCausalLM",
+    PREFIX_LM: f"{_MODELS}.prefix_lm:KerasHubPaliGemmaForCausalLM",
+    MROPE: f"{_MODELS}.mrope:KerasHubQwen3_5VisionForCausalLM",
+}
+
+# The names folders written before these carry -> ours.
+FORMER = {
+    "KerasHubForCausalLM": CAUSAL,
+    "KerasHubHybridForCausalLM": HYBRID,
+    "KerasHubForEmbedding": EMBEDDING,
+    "KerasHubVisionForCausalLM": GEMMA3_VISION,
+    "KerasHubGemma3nVisionForCausalLM": GEMMA3N_VISION,
+    "KerasHubGemma4VisionForCausalLM": GEMMA4_VISION,
+    "KerasHubPaliGemmaForCausalLM": PREFIX_LM,
+    "KerasHubQwen3_5VisionForCausalLM": MROPE,
+}
+
+
+def current(architecture):
+    """Our name for `architecture`, a former name or ours."""
+    return FORMER.get(architecture, architecture)
+
+
+def choose(family, images=False, hybrid=False):
+    """The model class a preset of `family` is served by.
+
+    Args:
+        family: Its `families.Family`.
+        images: Whether it is served with images (its folder has
+            `keras_hub_image`); its family's image class then serves it,
+            hybrid or not.
+        hybrid: Whether some of its layers keep a recurrent state.
+    """
+    if family.embedder_only:
+        return EMBEDDING
+    if images:
+        return family.image_architecture
+    return HYBRID if hybrid else CAUSAL
