@@ -15,19 +15,15 @@ import dataclasses
 import json
 import os
 
+from vllm_keras_hub import families
 from vllm_keras_hub.export import architectures
 
-# vLLM's architecture name for a KerasHub text embedder (`models/pooling.py`).
-
 # The TextEmbedder classes served, by the backbone each takes.
-SERVED = {
-    "Gemma3TextEmbedder": "Gemma3Backbone",
-    "Qwen3TextEmbedder": "Qwen3Backbone",
-    "BertTextEmbedder": "BertBackbone",
-    "XLMRobertaTextEmbedder": "XLMRobertaBackbone",
-}
+SERVED = {family.embedder: family.backbone for family in families.FAMILIES if family.embedder}
 # Encoders: every token attends to the whole text.
-ENCODERS = ("BertTextEmbedder", "XLMRobertaTextEmbedder")
+ENCODERS = tuple(
+    family.embedder for family in families.FAMILIES if family.embedder and family.embedder_only
+)
 # KerasHub `pooling_mode` -> vLLM's sequence pooling type.
 POOLING = {"mean": "MEAN", "last": "LAST", "cls": "CLS"}
 

@@ -80,6 +80,8 @@ def _check(family):
         problems.append("hybrid families, and only they, name state layers")
     if family.embedder_only and family.tensor_parallel:
         problems.append("an embedder is served on one rank")
+    if family.embedder_only and not family.embedder:
+        problems.append("an embedder-only family names its TextEmbedder")
     if problems:
         raise ValueError(f"Family {family.name!r}: " + "; ".join(problems) + ".")
 
@@ -121,7 +123,7 @@ def family_for_backbone(backbone_class_name, preset=None):
 
     Args:
         backbone_class_name: The class name a preset's `config.json` records
-            under `class_name`, e.g. `"GemmaBackbone"`.
+            under `class_name`.
         preset: The preset, only for the error message.
 
     Raises:

@@ -26,4 +26,5 @@ FAMILY = Family(
     embedder_only=True,
     attention=ENCODER_ROUTES,
     text_forward=text_forward,
+    embedder="BertTextEmbedder",
 )

@@ -112,6 +112,7 @@ def test_each_route_names_a_class_of_its_own_family():
         (dict(route=None), "no reason why"),
         (dict(state_layers=()), "name state layers"),
         (dict(route="jax"), "none of"),
+        (dict(embedder_only=True, tensor_parallel=False), "names its TextEmbedder"),
     ],
 )
 def test_the_table_refuses_an_incomplete_row(change, problem):

@@ -35,6 +35,8 @@ class Family:
             cache instead of a KV cache (`state_layers`).
         embedder_only: An encoder family, served only as a text embedder
             (`export/embedder.py`), never to generate.
+        embedder: The KerasHub `TextEmbedder` class its embedding presets
+            are, served on `/v1/embeddings` (`export/embedder.py`), or `""`.
         attention: Attention-layer class name -> its
             `layers.attention_routes.Route`, for `route == OURS`.
         moe: MoE block class name -> its `layers.moe.MoERoute`, onto vLLM's
@@ -61,6 +63,7 @@ class Family:
     pipeline_refusal: str = ""
     hybrid: bool = False
     embedder_only: bool = False
+    embedder: str = ""
     attention: dict = dataclasses.field(default_factory=dict, hash=False)
     moe: dict = dataclasses.field(default_factory=dict, hash=False)
     state_layers: tuple[str, ...] = ()

@@ -34,4 +34,5 @@ FAMILY = Family(
     tensor_parallel=True,
     text_forward=text_forward,
     image_architecture=architectures.GEMMA3_VISION,
+    embedder="Gemma3TextEmbedder",
 )

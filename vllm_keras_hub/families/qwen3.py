@@ -33,4 +33,5 @@ FAMILY = Family(
     OURS,
     tensor_parallel=True,
     attention={"Qwen3Attention": Route(attention)},
+    embedder="Qwen3TextEmbedder",
 )

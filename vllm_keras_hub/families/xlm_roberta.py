@@ -12,4 +12,5 @@ FAMILY = Family(
     OURS,
     embedder_only=True,
     attention=ENCODER_ROUTES,
+    embedder="XLMRobertaTextEmbedder",
 )
