@@ -27,45 +27,19 @@ require_torch_backend()
 
 import torch
 from keras_hub.src.vllm.context import vllm_context_scope
-from torch import nn
 from vllm.compilation.decorators import support_torch_compile
-from vllm.logger import init_logger
 from vllm.model_executor.models.interfaces import SupportsEagle3
 from vllm.model_executor.models.interfaces import SupportsLoRA
 from vllm.model_executor.models.interfaces import SupportsPP
-from vllm.model_executor.models.utils import make_empty_intermediate_tensors_factory
-from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 
-from vllm_keras_hub import families
-from vllm_keras_hub import settings
-from vllm_keras_hub import speculative
-from vllm_keras_hub.compile.direct_calls import use_direct_calls
-from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
-from vllm_keras_hub.export.hf_config import LOAD_FORMAT
 from vllm_keras_hub.layers import attention as attention_layers
-from vllm_keras_hub.layers import eagle3
 from vllm_keras_hub.layers import image_attention
-from vllm_keras_hub.layers import lora_linear
-from vllm_keras_hub.layers import moe_routes
-from vllm_keras_hub.layers import parallel_linear
-from vllm_keras_hub.layers import state_routes
 from vllm_keras_hub.layers import step
-from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
-from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
-from vllm_keras_hub.loading import heap
-from vllm_keras_hub.loading import preset_weights
-from vllm_keras_hub.loading.load_format import backbone_dtype
-from vllm_keras_hub.loading.load_format import task_final_logit_cap
-from vllm_keras_hub.loading.scope import building_scope
-from vllm_keras_hub.lora import adapters as lora_adapters
-from vllm_keras_hub.lora import merged as lora
-from vllm_keras_hub.models import pipeline
 from vllm_keras_hub.models import probe
-from vllm_keras_hub.vllm_fixes import apply_for_model
-from vllm_keras_hub.vllm_fixes.punica_zero_slot import keep_a_zero_slot
-
-logger = init_logger(__name__)
+from vllm_keras_hub.models.base import KerasHubBase
+from vllm_keras_hub.models.mixins import Eagle3TargetMixin
+from vllm_keras_hub.models.mixins import LoRAMixin
 
 
 # vLLM compiles `forward` (unless enforce_eager) with dynamic token counts.
@@ -77,296 +51,19 @@ logger = init_logger(__name__)
         "inputs_embeds": 0,
     }
 )
-class KerasHubForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle3):
+class KerasHubForCausalLM(
+    LoRAMixin, Eagle3TargetMixin, KerasHubBase, SupportsLoRA, SupportsPP, SupportsEagle3
+):
     """A KerasHub `CausalLM` preset served by vLLM's model runner.
 
-    Built empty by vLLM; the `keras_hub` load format then calls
-    `load_preset()`, which builds the backbone, reads from the preset the
-    weights this rank serves, once, and creates the vLLM `Attention` and
-    `FusedMoE` modules. Under pipeline parallelism (`SupportsPP`) each rank
-    holds and runs its stage of the layers (`pipeline.py`).
-
-    With `--enable-lora` it is a vLLM `SupportsLoRA` model: its LoRA-capable
-    matmuls run on vLLM linears (`layers/lora_linear.py`), which vLLM's LoRA
-    manager wraps, and adapters are converted by `lora/adapters.py`.
-
-    For EAGLE-3 drafters (`SupportsEagle3`), `model` is what vLLM's
-    proposers read of a target: the token embedding and, per step, the
-    aux hidden states of the layers they ask for (`layers/eagle3.py`).
+    The base's layers (`base.py`), with LoRA per request and EAGLE-3 taps
+    (`mixins.py`); each step runs this rank's stage on vLLM's packed tokens.
 
     Args:
         vllm_config: The engine's `VllmConfig`; `model_config.hf_config` is a
             `KerasHubConfig`.
         prefix: Module prefix vLLM gives the model.
     """
-
-    # Whether `forward` takes `inputs_embeds` (presets served with images).
-    takes_embeddings = False
-    # The preset's image format (`export/image_format.py`); `None`: text only.
-    image = None
-    # Whether attention is bidirectional, through vLLM's encoder-only kind.
-    encoder_only = False
-
-    def __init__(self, *, vllm_config, prefix=""):
-        super().__init__()
-        require_torch_backend()
-        load_format = vllm_config.load_config.load_format
-        if load_format != LOAD_FORMAT:
-            raise ValueError(
-                f"A KerasHub model loads its weights from its preset with "
-                f"load_format='{LOAD_FORMAT}' (--load-format {LOAD_FORMAT}), "
-                f"got load_format='{load_format}'."
-            )
-        hf_config = vllm_config.model_config.hf_config
-        self.family = families.family_by_name(hf_config.keras_hub_family)
-        families.family_for_backbone(self.family.backbone, hf_config.keras_hub_preset)
-        # Plain vLLM reaches here without `KerasHubLLM`'s or `serve`'s check.
-        settings.check(self.family, self.image, settings.engine_values(vllm_config))
-        # Before vLLM's first (compiled) call, which loads a saved compile.
-        apply_for_model(KerasHubForCausalLM, vllm_config)
-        self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
-            ["hidden_states"], hf_config.hidden_size
-        )
-        self.config = hf_config
-        self.preset = hf_config.keras_hub_preset
-        self.vllm_config = vllm_config
-        # vLLM names a draft model's modules under `draft_model`, with no dot.
-        self.prefix = f"{prefix}." if prefix and not prefix.endswith(".") else prefix
-        self.backbone = None
-        self.stage = None
-        self._final_logit_cap = None
-        self.attention = nn.ModuleList()
-        self.moe = nn.ModuleList()
-        self.moe_blocks = []
-        # One vLLM state layer per recurrent-state layer (hybrid presets).
-        self.states = nn.ModuleList()
-        # vLLM's parallel linear layers holding this rank's shards, and
-        # the vocabulary-parallel output head (tensor parallelism only).
-        self.parallel_linears = nn.ModuleList()
-        self.lm_head = None
-        self.logits_processor = None
-        # What EAGLE-3 drafters read (`layers/eagle3.py`), once loaded.
-        self.model = None
-        # vLLM linears under the LoRA-capable matmuls (with --enable-lora).
-        self.lora_layers = nn.ModuleDict()
-        self._route_layers = []
-        # Matmul layers moved to vLLM's prepacked CPU GEMM (`layers/linear.py`).
-        self.cpu_gemm_layers = 0
-        # The backbone's index of each vLLM `Attention`'s layer.
-        self.attending_layers = []
-
-    @property
-    def _name(self):
-        return f"{self.family.display_name} ({self.preset})"
-
-    def load_preset(self, lora_weights=None):
-        """Loads this rank's part of the backbone from the preset, once.
-
-        The backbone is built with no weights (`preset_weights.py`); each
-        weight is then read from the preset only where this rank uses it:
-        its pipeline stage's layers (`pipeline.py`), and of those, under
-        tensor parallelism, only the shards vLLM's parallel linears and
-        fused experts keep. A LoRA adapter `lora_weights` (a KerasHub
-        `.lora.h5` file), if given, is merged into its layers' kernels
-        first. A one-token probe through the stage then asks every
-        attention layer for its heads, scale, sliding window and soft cap,
-        and checks that each transformer layer and each MoE block routes; a
-        family that does not fails here, at start-up.
-        """
-        model_config = self.vllm_config.model_config
-        dtype = str(model_config.dtype).removeprefix("torch.")
-        backbone = preset_weights.unloaded_backbone(
-            self.preset, backbone_dtype(self.preset, dtype)
-        )
-        weights = preset_weights.PresetWeights(backbone, self.preset)
-        try:
-            self._load(backbone, weights, lora_weights)
-        finally:
-            weights.close()
-        heap.release_free_memory()
-
-    def _load(self, backbone, weights, lora_weights):
-        self._dtype = self.vllm_config.model_config.dtype
-        self._check_backbone(backbone)
-        stage = self._own_stage(backbone, weights)
-        if lora_weights is not None:
-            self._merge_adapter(backbone, weights, lora_weights)
-        state_layers, moe_blocks = self._install_routes(backbone, stage)
-        with self._vllm_scope():
-            self._build_shards(stage, weights, moe_blocks)
-        weights.finish()
-        # After the weights are loaded: a state layer copies its small ones.
-        with self._vllm_scope():
-            self._build_states_and_adapters(backbone, stage, state_layers)
-        routes = self._probe(stage, state_layers, moe_blocks)
-        self.backbone = backbone
-        self._use_cpu_gemm(backbone, stage)
-        with self._vllm_scope():
-            self._build_attention(stage, routes)
-        self.stage = stage
-        self._final_logit_cap = task_final_logit_cap(self.preset)
-        self.model = eagle3.EagleTarget(backbone)
-
-    def _vllm_scope(self):
-        return building_scope(self.vllm_config)
-
-    def _own_stage(self, backbone, weights):
-        """This rank's pipeline stage; the other stages' weights are never read."""
-        from vllm.distributed import get_pp_group
-
-        pp = get_pp_group()
-        stage = pipeline.stage(backbone, pp.rank_in_group, pp.world_size)
-        weights.release(stage.unused_variables())
-        if stage.size > 1:
-            # What crosses between stages can be wider than the hidden
-            # states (Gemma4's per-layer inputs travel with them).
-            self.make_empty_intermediate_tensors = (
-                make_empty_intermediate_tensors_factory(
-                    ["hidden_states"], self._crossing_width(stage)
-                )
-            )
-        return stage
-
-    def _crossing_width(self, stage):
-        """The width of the hidden states crossing between stages."""
-        return stage.hidden_size
-
-    def _merge_adapter(self, backbone, weights, lora_weights):
-        rank = lora.load_adapter(backbone, lora_weights, weights)
-        logger.info(
-            "LoRA adapter %s (rank %d): %d layers merged into their kernels",
-            lora_weights, rank, lora.merge_lora(backbone),
-        )  # fmt: skip
-
-    def _install_routes(self, backbone, stage):
-        """Points the stage's layers at vLLM; returns its state layers, MoE blocks."""
-        state_layers = state_routes.install(stage.layers)
-        attention_layers.install(backbone, self.family)
-        moe_blocks = moe_routes.install(
-            backbone, stage.layers if stage.size > 1 else None
-        )
-        use_direct_calls(backbone)
-        if stage.model is not None:
-            use_direct_calls(stage.model)
-        use_rotary_tables(backbone, self.vllm_config.model_config.max_model_len)
-        substitute_keras_helpers()
-        return state_layers, moe_blocks
-
-    def _build_shards(self, stage, weights, moe_blocks):
-        """vLLM's parallel linears and fused experts, each holding this rank's shard."""
-        linears, self.lm_head, self.logits_processor = parallel_linear.shard_stage(
-            stage, weights, self.prefix
-        )
-        self.parallel_linears = nn.ModuleList(linears)
-        self.moe = nn.ModuleList(
-            moe_routes.build_experts(
-                moe_blocks, f"{self.prefix}moe.", self._dtype, weights
-            )
-        )
-        self.moe_blocks = moe_blocks
-
-    def _build_states_and_adapters(self, backbone, stage, state_layers):
-        self.states = nn.ModuleList(
-            state_routes.build(
-                state_layers, f"{self.prefix}state.", self._dtype, stage.start
-            )
-        )
-        if self.vllm_config.lora_config is not None:
-            self.lora_layers = self._lora_layers(backbone)
-            if stage.size > 1:
-                self.lora_skip_prefixes = lora_linear.other_stages_prefixes(
-                    backbone, stage.layers
-                )
-
-    def _probe(self, stage, state_layers, moe_blocks):
-        """One token through the stage: every layer must route to vLLM."""
-        routes = probe.run(stage)
-        probe.check_attention_routes(routes, stage.layers, self._name)
-        probe.check_moe_routes(routes, moe_blocks, self._name)
-        probe.check_state_routes(routes, state_layers, self._name)
-        attending = attention_layers.attention_indices(stage.layers)
-        probe.check_kv_sharing(routes.specs, [stage.start + index for index in attending])
-        self.attention_specs = routes.specs
-        self._route_layers = routes.attention_layers
-        return routes
-
-    def _use_cpu_gemm(self, backbone, stage):
-        if not current_platform.is_cpu():
-            return
-        self.cpu_gemm_layers = use_vllm_cpu_gemm(
-            backbone, lambda: self._serving_step(stage)
-        )
-        logger.info(
-            "%d KerasHub matmul layers run on vLLM's CPU GEMM", self.cpu_gemm_layers
-        )
-
-    def _build_attention(self, stage, routes):
-        """One vLLM `Attention` per attending layer of the stage."""
-        if self.prefix == f"{speculative.DRAFT_PREFIX}.":
-            speculative.check_draft_attention(
-                routes.specs,
-                not self.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager,
-                self._name,
-            )
-        attending = attention_layers.attention_indices(stage.layers)
-        self.attending_layers = [stage.start + index for index in attending]
-        self.attention = nn.ModuleList(
-            attention_layers.build(
-                routes.specs,
-                f"{self.prefix}attention.",
-                self.vllm_config.cache_config,
-                self.attending_layers,
-                encoder_only=self.encoder_only,
-            )
-        )
-
-    def _check_backbone(self, backbone):
-        """Raises for a backbone this model class cannot serve exactly."""
-
-    def _serving_step(self, stage):
-        """Runs the backbone once as serving will (the CPU GEMM's check)."""
-        probe.run(stage)
-
-    def _lora_layers(self, backbone):
-        lora_adapters.check_convertible(self.preset)
-        layers = lora_linear.build(backbone, self.prefix)
-        # A sharded matmul now has its adapter name: one name per module, as
-        # vLLM's LoRA manager reads its expected modules off the names.
-        adopted = {id(module) for module in layers.values()}
-        self.parallel_linears = nn.ModuleList(
-            module for module in self.parallel_linears if id(module) not in adopted
-        )
-        logger.info("%d KerasHub matmul layers can take LoRA adapters", len(layers))
-        # vLLM's LoRA manager, made after loading, would wrap every FusedMoE
-        # and the vocabulary-parallel head too; KerasHub adapters target
-        # neither, so it may wrap these layers only.
-        lora_linear.restrict_lora_manager(self.vllm_config.lora_config, layers)
-        return layers
-
-    @property
-    def lora_manager(self):
-        """vLLM's `LoRAModelManager` of this model.
-
-        vLLM sets it once it has wrapped the LoRA layers, which is when
-        they get their zero slot (`keep_a_zero_slot`).
-        """
-        return self.__dict__.get("_lora_manager")
-
-    @lora_manager.setter
-    def lora_manager(self, manager):
-        keep_a_zero_slot(manager)
-        self.__dict__["_lora_manager"] = manager
-
-    def set_aux_hidden_state_layers(self, layers):
-        """Taps the transformer layers an EAGLE-3 drafter reads (vLLM's indices)."""
-        self.model._set_aux_hidden_state_layers(layers)
-
-    def get_eagle3_default_aux_hidden_state_layers(self):
-        return eagle3.default_aux_layers(len(self.model.layers))
-
-    def embed_input_ids(self, input_ids):
-        """The token embedding (Gemma3n's includes its embedding scale)."""
-        return attention_layers.token_embedding(self.backbone)(input_ids)
 
     def forward(
         self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None
