@@ -131,6 +131,9 @@ def family_for_backbone(backbone_class_name, preset=None):
             and the families that can.
     """
     family = _BY_BACKBONE.get(backbone_class_name)
+    if family is not None and family.route is not None:
+        return family
+    # Served steps look their family up too: the message only on failure.
     where = f"Preset '{preset}'" if preset else "This preset"
     supported = ", ".join(supported_families())
     if family is None:
@@ -139,10 +142,8 @@ def family_for_backbone(backbone_class_name, preset=None):
             f"causal-LM family vllm-keras-hub knows. Supported families: "
             f"{supported}."
         )
-    if family.route is None:
-        raise UnsupportedFamilyError(
-            f"{where} is a {family.display_name} model ({backbone_class_name}), "
-            f"which vllm-keras-hub cannot serve yet: {family.unsupported_reason}. "
-            f"Supported families: {supported}."
-        )
-    return family
+    raise UnsupportedFamilyError(
+        f"{where} is a {family.display_name} model ({backbone_class_name}), "
+        f"which vllm-keras-hub cannot serve yet: {family.unsupported_reason}. "
+        f"Supported families: {supported}."
+    )
