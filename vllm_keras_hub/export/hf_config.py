@@ -104,8 +104,9 @@ _LINEAR_ATTENTION_FIELDS = (
 def hybrid_fields(backbone_config):
     """The `config.json` fields of a hybrid preset; `{}` for attention only.
 
-    `layer_types` says which layers attend (`"full_attention"`) and which keep a Gated DeltaNet
-    state (`"linear_attention"`), and the `linear_*` fields size that state.
+    `layer_types` says which layers attend (`"full_attention"`) and which
+    keep a Gated DeltaNet state (`"linear_attention"`), and the `linear_*`
+    fields size that state; `architectures.choose` picks the hybrid class.
     """
     if "linear_num_key_heads" not in backbone_config:
         return {}

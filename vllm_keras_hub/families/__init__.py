@@ -1,8 +1,9 @@
 """Every KerasHub family vllm-keras-hub knows, one module each, in one table.
 
 A family's module (`families/<name>.py`) holds what is particular to it:
-its `Family` row (stop tokens, parallel layouts, refusal), and the routes
-that hand its attention, MoE and recurrent-state layers to vLLM's kernels.
+its `Family` row (stop tokens, parallel layouts, refusal, its TextEmbedder
+and image model class), the routes that hand its attention, MoE and
+recurrent-state layers to vLLM's kernels, and its text-forward loop.
 The shared machinery stays in `layers/`. The table checks its own rows when
 it is imported (`_check`), so a row that could not be served fails at import,
 not at a request. Keyed by the backbone class a preset's `config.json` names;
