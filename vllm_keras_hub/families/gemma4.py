@@ -17,6 +17,7 @@ from vllm_keras_hub.layers.attention_routes import Route
 from vllm_keras_hub.layers.attention_routes import kv_placeholder
 from vllm_keras_hub.layers.attention_routes import paged_attention
 from vllm_keras_hub.layers.moe_routing import MoERoute
+from vllm_keras_hub.layers.moe_routing import gate_up_down_weights
 
 
 def attention(layer, hidden_states, positions):
@@ -109,11 +110,7 @@ def moe_variables(block):
 
 
 def moe_weights(block, read):
-    gate, up, down = (read(v) for v in moe_variables(block))
-    for expert in range(gate.shape[0]):
-        yield "w13_weight", "w1", expert, gate[expert].T
-        yield "w13_weight", "w3", expert, up[expert].T
-        yield "w2_weight", "w2", expert, down[expert].T
+    return gate_up_down_weights(moe_variables(block), read)
 
 
 def expert_scale(block, read):

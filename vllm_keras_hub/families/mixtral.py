@@ -10,7 +10,8 @@ from vllm_keras_hub.layers.attention_routes import Route
 from vllm_keras_hub.layers.attention_routes import attend
 from vllm_keras_hub.layers.attention_routes import rotary_qkv
 from vllm_keras_hub.layers.moe_routing import MoERoute
-from vllm_keras_hub.layers.moe_routing import require_silu
+from vllm_keras_hub.layers.moe_routing import gate_up_down_weights
+from vllm_keras_hub.layers.moe_routing import silu_expert_bank_spec
 from vllm_keras_hub.layers.moe_routing import top_k_routing
 
 
@@ -29,13 +30,6 @@ def moe_call(self, hidden_states, attention_mask=None, training=False):
     return ops.reshape(out, shape), router_logits
 
 
-def moe_spec(block):
-    require_silu(block, block.expert_bank)
-    return moe.MoESpec(
-        block.num_experts, block.top_k, block.hidden_dim, block.intermediate_dim, "silu"
-    )
-
-
 def moe_variables(block):
     experts = block.expert_bank
     return [
@@ -46,11 +40,7 @@ def moe_variables(block):
 
 
 def moe_weights(block, read):
-    gate, up, down = (read(v) for v in moe_variables(block))
-    for expert in range(gate.shape[0]):
-        yield "w13_weight", "w1", expert, gate[expert].T
-        yield "w13_weight", "w3", expert, up[expert].T
-        yield "w2_weight", "w2", expert, down[expert].T
+    return gate_up_down_weights(moe_variables(block), read)
 
 
 FAMILY = Family(
@@ -60,5 +50,9 @@ FAMILY = Family(
     OURS,
     tensor_parallel=True,
     attention={"CachedMixtralAttention": Route(attention)},
-    moe={"MixtralSparseMoeBlock": MoERoute(moe_call, moe_spec, moe_weights, moe_variables)},
+    moe={
+        "MixtralSparseMoeBlock": MoERoute(
+            moe_call, silu_expert_bank_spec, moe_weights, moe_variables
+        )
+    },
 )

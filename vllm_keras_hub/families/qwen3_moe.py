@@ -8,9 +8,9 @@ from vllm_keras_hub.families.family import OURS
 from vllm_keras_hub.layers import moe
 from vllm_keras_hub.layers.attention_routes import Route
 from vllm_keras_hub.layers.moe_routing import MoERoute
-from vllm_keras_hub.layers.moe_routing import fused_gate_up_spec
 from vllm_keras_hub.layers.moe_routing import fused_gate_up_variables
 from vllm_keras_hub.layers.moe_routing import fused_gate_up_weights
+from vllm_keras_hub.layers.moe_routing import silu_expert_bank_spec
 from vllm_keras_hub.layers.moe_routing import top_k_routing
 
 
@@ -31,7 +31,7 @@ FAMILY = Family(
     attention={"Qwen3MoeAttention": Route(qwen3.attention)},
     moe={
         "Qwen3SparseMoeBlock": MoERoute(
-            moe_call, fused_gate_up_spec, fused_gate_up_weights, fused_gate_up_variables
+            moe_call, silu_expert_bank_spec, fused_gate_up_weights, fused_gate_up_variables
         )
     },
 )

@@ -10,9 +10,9 @@ from vllm_keras_hub.layers.attention_routes import Route
 from vllm_keras_hub.layers.attention_routes import attend
 from vllm_keras_hub.layers.attention_routes import rotary_qkv
 from vllm_keras_hub.layers.moe_routing import MoERoute
-from vllm_keras_hub.layers.moe_routing import fused_gate_up_spec
 from vllm_keras_hub.layers.moe_routing import fused_gate_up_variables
 from vllm_keras_hub.layers.moe_routing import fused_gate_up_weights
+from vllm_keras_hub.layers.moe_routing import silu_expert_bank_spec
 from vllm_keras_hub.layers.moe_routing import top_k_routing
 
 
@@ -54,7 +54,7 @@ FAMILY = Family(
     attention={"QwenMoeAttention": Route(attention, sliding_window=sliding_window)},
     moe={
         "QwenSparseMoeBlock": MoERoute(
-            moe_call, fused_gate_up_spec, fused_gate_up_weights, fused_gate_up_variables
+            moe_call, silu_expert_bank_spec, fused_gate_up_weights, fused_gate_up_variables
         )
     },
 )

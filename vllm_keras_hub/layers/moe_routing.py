@@ -82,15 +82,27 @@ def require_silu(block, experts):
         )
 
 
-def fused_gate_up_spec(block):
-    # Qwen3-MoE and Qwen1.5-MoE: one `(E, H, 2I)` kernel, gate then up.
+def silu_expert_bank_spec(block):
+    # A block whose `expert_bank` gates with its `activation` (Qwen3-MoE,
+    # Qwen1.5-MoE, Mixtral), which must be SiLU.
     require_silu(block, block.expert_bank)
     return moe.MoESpec(
         block.num_experts, block.top_k, block.hidden_dim, block.intermediate_dim, "silu"
     )
 
 
+def gate_up_down_weights(variables, read):
+    """Experts kept as separate `(E, H, I)` gate and up and `(E, I, H)` down
+    kernels (`variables`), one expert at a time as vLLM's loader takes them."""
+    gate, up, down = (read(v) for v in variables)
+    for expert in range(gate.shape[0]):
+        yield "w13_weight", "w1", expert, gate[expert].T
+        yield "w13_weight", "w3", expert, up[expert].T
+        yield "w2_weight", "w2", expert, down[expert].T
+
+
 def fused_gate_up_weights(block, read):
+    # Qwen3-MoE and Qwen1.5-MoE: one `(E, H, 2I)` kernel, gate then up.
     gate_up = read(block.expert_bank._expert_feedforward_gate_dense)
     down = read(block.expert_bank._expert_feedforward_output_dense)
     size = gate_up.shape[-1] // 2
