@@ -12,8 +12,12 @@ from vllm_keras_hub.testing.reports import LAST_RUN
 
 # `.ci/run` must pass in 45 minutes from a fresh clone with an empty test
 # cache; its setup took 1.6 minutes in CI (a66f348) and 1.4 here (1210693).
+# CI also runs slower than the recorded pace: stop 59's landing (slice 3 of
+# 6a05537) took 48.0 minutes where this check, at the pace of 7a0cc25's
+# run, put it at 46.0 (and at 44.1 at the pace of the run before).
 CI_BUDGET_MIN = 45
 SETUP_MIN = 2
+CI_SLOWER_MIN = 2.5
 
 
 def test_every_pattern_names_a_test(all_nodeids):
@@ -57,9 +61,10 @@ def test_each_landing_fits_the_budget(all_nodeids, number):
     untimed = [n for n in landing if n not in durations]
     work_s = sum(durations.get(n, UNTIMED_S) for n in landing)
     minutes = work_s * run["wall_s"] / run["tests_s"] / 60
-    assert minutes + SETUP_MIN <= CI_BUDGET_MIN, (
-        f"the default tier and slice {number} would take {minutes:.1f} minutes in pytest "
-        f"and {SETUP_MIN} in setup, over {CI_BUDGET_MIN}, at the pace of the run of "
+    assert minutes + SETUP_MIN + CI_SLOWER_MIN <= CI_BUDGET_MIN, (
+        f"the default tier and slice {number} would take {minutes:.1f} minutes in pytest, "
+        f"{SETUP_MIN} in setup and {CI_SLOWER_MIN} for CI's slower pace, over "
+        f"{CI_BUDGET_MIN}, at the pace of the run of "
         f"{run['date']} ({run['tests']} tests in {run['wall_s'] / 60:.1f} minutes); move "
         f"cases to a lighter slice ({len(untimed)} untimed tests counted at {UNTIMED_S} s each)"
     )

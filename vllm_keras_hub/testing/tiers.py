@@ -26,9 +26,9 @@ _PARITY = "tests/model_test.py::test_greedy_parity"
 SLICES = {
     # Servers under load, faults and restarts, and in other processes:
     # plain vLLM, two disaggregated servers, two nodes, the servers of the
-    # media families beyond Gemma3n's; tensor parallelism for nine families,
-    # greedy parity for nine and six of vLLM native's cross-checks; further
-    # draft, adapter, preemption and disaggregation cases.
+    # media families beyond Gemma3n's; tensor parallelism for eight families,
+    # greedy parity for ten and six of vLLM native's cross-checks; GPT-OSS's
+    # tools; further draft, adapter, preemption and disaggregation cases.
     1: (
         "tests/reliability_test.py::*",
         "vllm_keras_hub/vllm_fixes/saved_compile_test.py::*",
@@ -48,7 +48,7 @@ SLICES = {
         "vllm_keras_hub/lora/merged_test.py::test_preset_saved_after_lora_fine_tuning_serves_compiled",
         _P + "test_two_nodes_on_loopback_give_generates_tokens[*]",
         _P + "test_data_parallel_across_two_nodes_gives_generates_tokens",
-        *(f"{_TP}[{f}]" for f in ("mistral", "falcon", "qwen3_moe", "mixtral", "qwen3",
+        *(f"{_TP}[{f}]" for f in ("mistral", "falcon", "mixtral", "qwen3",
                                   "qwen_moe", "gemma", "phi3", "gemma4")),
         *(f"{_PARITY}[{f}]" for f in ("mistral", "bloom", "gemma", "phi3", "llama", "gemma2",
                                       "qwen3", "gemma3n", "qwen_moe")),
@@ -65,14 +65,16 @@ SLICES = {
         "tests/embeddings_native_test.py::test_max_seq_length_limits_texts_as_in_vllm_native",
         "vllm_keras_hub/lora/merged_test.py::test_adapter_merged_at_load_serves_keras_hubs_lora_tokens",
         "vllm_keras_hub/lora/adapters_test.py::test_serve_picks_the_adapter_by_the_openai_model_field",
+        "tests/chat_tools_server_test.py::*[gpt_oss*",
+        f"{_PARITY}[gemma4]",
     ),
     # Tensor parallelism for the other families, and with media, adapters,
     # drafts and the assistant; vLLM native's MoE, Qwen3.5, embedding and
-    # logprob cross-checks.
+    # logprob cross-checks; Gemma 4's tools; our names beside keras-hub's.
     2: (
         *(f"{_TP}[{f}]" for f in ("gpt2", "smollm3", "gemma3n", "gpt_oss", "phi3_su", "gemma3",
                                   "qwen", "opt", "gpt_neox", "qwen3_5", "qwen3_5_moe", "llama",
-                                  "bloom", "gemma2", "gemma4_moe")),
+                                  "bloom", "gemma2", "gemma4_moe", "qwen3_moe", "llama3")),
         _P + "test_a_multimodal_preset_serves_text_at_two_ranks[*]",
         _P + "test_tensor_parallel_images_match_generate[gemma4]",
         _P + "test_tensor_parallel_images_match_generate[gemma3n]",
@@ -93,11 +95,15 @@ SLICES = {
         "tests/model_test.py::test_multimodal_presets_serve_text_as_generate[gemma4]",
         "tests/model_test.py::test_multimodal_presets_serve_text_as_generate[qwen3_5]",
         *(f"{_PARITY}[{f}]" for f in ("opt", "gpt2", "mixtral", "qwen", "phi3_su", "falcon",
-                                      "gpt_neox")),
+                                      "gpt_neox", "qwen3_5", "gpt_oss")),
+        "tests/plugin_test.py::test_our_names_coexist_with_keras_hubs_own_plugin",
+        "tests/mtp_test.py::*[eager]",
+        "tests/chat_tools_server_test.py::*[gemma4*",
     ),
     # Pipeline parallelism for every family that can be cut, and with
     # images, KV sharing, state, adapters and 2 ranks a stage; further
-    # Gemma4, embedding, draft and adapter cases.
+    # Gemma4, embedding, draft and adapter cases; vLLM native Llama's
+    # logprobs; an exported folder under plain vLLM.
     3: (
         *(f"{_PP}[{f}-False]" for f in ("gemma3", "gpt2", "gpt_neox", "smollm3", "qwen",
                                         "gemma2", "bloom", "gpt_oss", "qwen3_moe", "falcon",
@@ -129,6 +135,8 @@ SLICES = {
         "vllm_keras_hub/lora/adapters_test.py::test_an_moe_family_gives_each_row_its_adapter",
         "tests/speculative_test.py::test_the_target_drafting_for_itself_compiled_and_chunked",
         *(f"{_PARITY}[{f}]" for f in ("gemma4_moe", "qwen3_5_moe", "smollm3")),
+        "tests/native_parity_test.py::*",
+        "vllm_keras_hub/entrypoints/cli_test.py::test_exported_folder_serves_with_plain_vllm",
     ),
 }
 
