@@ -68,11 +68,13 @@ def clip_tokens(audio, num_samples):
 
 def _converter(preset):
     from keras_hub.src.layers.preprocessing.audio_converter import AudioConverter
-    from keras_hub.src.utils.preset_utils import check_file_exists
 
-    if not check_file_exists(preset, "audio_converter.json"):
+    from vllm_keras_hub.preset import Preset
+
+    preset = Preset.of(preset)
+    if not preset.has("audio_converter.json"):
         return None
-    return AudioConverter.from_preset(preset)
+    return preset.load(AudioConverter)
 
 
 def audio_fields(preset, backbone_class, backbone_config, tokenizer, serves_images):

@@ -32,7 +32,6 @@ template's constant says so. In short:
 """
 
 import dataclasses
-import json
 
 from vllm_keras_hub.export.official_templates import official_template
 from vllm_keras_hub.export.written_templates import GEMMA3N_TEMPLATE
@@ -205,16 +204,15 @@ def preset_chat_template(preset):
         preset: Anything `keras_hub.models.CausalLM.from_preset` accepts: a
             local folder, or a `kaggle://` or `hf://` handle.
     """
-    from keras_hub.src.utils.preset_utils import check_file_exists
-    from keras_hub.src.utils.preset_utils import get_file
+    from vllm_keras_hub.preset import Preset
 
-    if check_file_exists(preset, CHAT_TEMPLATE_FILE):
-        with open(get_file(preset, CHAT_TEMPLATE_FILE), encoding="utf-8") as f:
+    preset = Preset.of(preset)
+    if preset.has(CHAT_TEMPLATE_FILE):
+        with open(preset.path(CHAT_TEMPLATE_FILE), encoding="utf-8") as f:
             return f.read() or None
-    if check_file_exists(preset, HF_TOKENIZER_CONFIG_FILE):
-        path = get_file(preset, HF_TOKENIZER_CONFIG_FILE)
-        with open(path, encoding="utf-8") as f:
-            template = json.load(f).get("chat_template")
+    tokenizer_config = preset.json(HF_TOKENIZER_CONFIG_FILE)
+    if tokenizer_config is not None:
+        template = tokenizer_config.get("chat_template")
         if isinstance(template, list):
             named = {entry.get("name"): entry.get("template") for entry in template}
             template = named.get("default")

@@ -59,9 +59,9 @@ class CheckpointTokenizerError(ValueError):
 
 def is_checkpoint(preset):
     """Whether `preset` is a Hugging Face checkpoint, read by a converter."""
-    from keras_hub.src.utils.preset_utils import get_preset_loader
+    from vllm_keras_hub.preset import Preset
 
-    return hasattr(get_preset_loader(preset), "converter")
+    return Preset.of(preset).converter is not None
 
 
 def read_checkpoint_tokenizer(preset, tokenizer, vocabulary_size):
@@ -84,15 +84,16 @@ def read_checkpoint_tokenizer(preset, tokenizer, vocabulary_size):
             it, or a WordPiece or byte-level BPE checkpoint has no
             `tokenizer.json`.
     """
-    from keras_hub.src.utils.preset_utils import check_file_exists
-    from keras_hub.src.utils.preset_utils import get_file
     from keras_hub.tokenizers import BytePairTokenizer
     from keras_hub.tokenizers import WordPieceTokenizer
     from tokenizers import Tokenizer
 
+    from vllm_keras_hub.preset import Preset
+
+    preset = Preset.of(preset)
     if not is_checkpoint(preset):
         return None
-    if not check_file_exists(preset, TOKENIZER_FILE):
+    if not preset.has(TOKENIZER_FILE):
         if isinstance(tokenizer, WordPieceTokenizer):
             raise CheckpointTokenizerError(
                 f"it has no {TOKENIZER_FILE}, and keras-hub's converter builds "
@@ -106,7 +107,7 @@ def read_checkpoint_tokenizer(preset, tokenizer, vocabulary_size):
                 "(see export/tokenizer.py), as the checkpoint's does."
             )
         return None
-    backend = Tokenizer.from_file(get_file(preset, TOKENIZER_FILE))
+    backend = Tokenizer.from_file(preset.path(TOKENIZER_FILE))
     ids = backend.get_vocab(with_added_tokens=True).values()
     if max(ids) >= vocabulary_size:
         raise CheckpointTokenizerError(
@@ -161,14 +162,11 @@ def write_checkpoint_tokenizer(preset, backend, tokenizer, directory):
         tokenizer: keras-hub's tokenizer of it.
         directory: The model folder.
     """
-    from keras_hub.src.utils.preset_utils import check_file_exists
-    from keras_hub.src.utils.preset_utils import get_file
-    from keras_hub.src.utils.preset_utils import load_json
+    from vllm_keras_hub.preset import Preset
 
+    preset = Preset.of(preset)
     special = tokenizer_export.special_tokens(tokenizer, backend)
-    own_config = {}
-    if check_file_exists(preset, HF_TOKENIZER_CONFIG_FILE):
-        own_config = load_json(preset, HF_TOKENIZER_CONFIG_FILE)
+    own_config = preset.json(HF_TOKENIZER_CONFIG_FILE) or {}
     config = {
         "tokenizer_class": tokenizer_export.TOKENIZER_CLASS,
         **special,
@@ -181,7 +179,7 @@ def write_checkpoint_tokenizer(preset, backend, tokenizer, directory):
             own_config.get("clean_up_tokenization_spaces", False)
         ),
     }
-    shutil.copy(get_file(preset, TOKENIZER_FILE), os.path.join(directory, TOKENIZER_FILE))
+    shutil.copy(preset.path(TOKENIZER_FILE), os.path.join(directory, TOKENIZER_FILE))
     tokenizer_export.write_json(os.path.join(directory, HF_TOKENIZER_CONFIG_FILE), config)
     tokenizer_export.write_json(
         os.path.join(directory, tokenizer_export.SPECIAL_TOKENS_MAP_FILE), special
@@ -195,16 +193,15 @@ def sentence_transformers_config(preset):
     `SENTENCE_TRANSFORMERS_CONFIGS` there is, if it has a `max_seq_length`
     (the longest text vLLM then serves; `do_lower_case` lowercases texts).
     """
-    from keras_hub.src.utils.preset_utils import check_file_exists
-    from keras_hub.src.utils.preset_utils import load_json
+    from vllm_keras_hub.preset import Preset
 
+    preset = Preset.of(preset)
     if not is_checkpoint(preset):
         return None
     for name in SENTENCE_TRANSFORMERS_CONFIGS:
-        if check_file_exists(preset, name):
-            config = load_json(preset, name)
-            if config:
-                return config if "max_seq_length" in config else None
+        config = preset.json(name)
+        if config:
+            return config if "max_seq_length" in config else None
     return None
 
 

@@ -18,14 +18,10 @@ def drafter_task(preset):
         preset: A KerasHub preset (a Kaggle handle or a folder). An `hf://`
             checkpoint has no `task.json`, so it is read as no drafter.
     """
-    from keras_hub.src.utils.preset_utils import TASK_CONFIG_FILE
-    from keras_hub.src.utils.preset_utils import check_file_exists
-    from keras_hub.src.utils.preset_utils import load_json
+    from vllm_keras_hub.preset import Preset
 
-    if not check_file_exists(preset, TASK_CONFIG_FILE):
-        return None
-    task = load_json(preset, TASK_CONFIG_FILE)
-    if task.get("class_name") not in DRAFTER_TASKS:
+    task = Preset.of(preset).task_config
+    if task is None or task.get("class_name") not in DRAFTER_TASKS:
         return None
     return task["class_name"], task.get("config", {})
 

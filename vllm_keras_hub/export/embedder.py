@@ -221,19 +221,16 @@ def _task_config(preset, backbone_cls_name):
     keras-hub's converter reads the pooling and normalization its
     `TextEmbedder.from_preset` builds (`load_task_config`).
     """
-    from keras_hub.src.utils.preset_utils import TASK_CONFIG_FILE
-    from keras_hub.src.utils.preset_utils import check_file_exists
-    from keras_hub.src.utils.preset_utils import get_preset_loader
-    from keras_hub.src.utils.preset_utils import load_json
+    from vllm_keras_hub.preset import Preset
 
-    if check_file_exists(preset, TASK_CONFIG_FILE):
-        return load_json(preset, TASK_CONFIG_FILE)
-    loader = get_preset_loader(preset)
-    converter = getattr(loader, "converter", None)
+    preset = Preset.of(preset)
+    if preset.task_config is not None:
+        return preset.task_config
+    converter = preset.converter
     names = [name for name, backbone in SERVED.items() if backbone == backbone_cls_name]
-    if converter is None or not names or not check_file_exists(preset, "modules.json"):
+    if converter is None or not names or not preset.has("modules.json"):
         return None
     config = {}
     if hasattr(converter, "load_task_config"):
-        config = converter.load_task_config(preset, loader.config)
+        config = converter.load_task_config(preset.reference, preset.config)
     return {"class_name": names[0], "config": config}

@@ -22,6 +22,7 @@ processor (`multimodal.py`) and the model class (`vision.py`):
 from vllm_keras_hub import families
 from vllm_keras_hub.export import architectures
 from vllm_keras_hub.export.hf_config import read_media_format
+from vllm_keras_hub.preset import Preset
 
 
 def preprocessor_part(preset, name):
@@ -29,12 +30,8 @@ def preprocessor_part(preset, name):
     preset's `preprocessor.json`, as `CausalLM.from_preset` builds it, or
     `None` where the preset saved no preprocessor or it holds none."""
     import keras
-    from keras_hub.src.utils.preset_utils import check_file_exists
-    from keras_hub.src.utils.preset_utils import load_json
 
-    if not check_file_exists(preset, "preprocessor.json"):
-        return None
-    config = load_json(preset, "preprocessor.json").get("config", {}).get(name)
+    config = Preset.of(preset).preprocessor_config.get(name)
     return keras.saving.deserialize_keras_object(config) if config else None
 
 
@@ -49,14 +46,14 @@ def load_image_converter(preset):
     `image_converter.json` (a preset saved without a preprocessor).
     """
     from keras_hub.src.layers.preprocessing.image_converter import ImageConverter
-    from keras_hub.src.utils.preset_utils import check_file_exists
 
+    preset = Preset.of(preset)
     converter = preprocessor_part(preset, "image_converter")
     if converter is not None:
         return converter
-    if not check_file_exists(preset, "image_converter.json"):
+    if not preset.has("image_converter.json"):
         return None
-    return ImageConverter.from_preset(preset)
+    return preset.load(ImageConverter)
 
 
 def image_fields(preset, backbone_class, backbone_config, tokenizer):

@@ -29,14 +29,12 @@ from vllm_keras_hub.export.backbone_fields import weights_dtype
 from vllm_keras_hub.export.preset_chat import add_response_template
 from vllm_keras_hub.export.preset_chat import chat_format_of
 from vllm_keras_hub.export.tokenizer_backends import TokenizerExportError
+from vllm_keras_hub.preset import Preset
+from vllm_keras_hub.preset import PresetError
 
 logger = logging.getLogger(__name__)
 
 PRESET_PREFIX = "keras_hub:"
-
-
-class PresetError(ValueError):
-    """A preset that cannot be opened, naming the preset and the cause."""
 
 
 def strip_prefix(model):
@@ -60,7 +58,8 @@ def read_preset(preset):
     """Reads what serving needs from a preset, without building the model.
 
     Args:
-        preset: Anything `keras_hub.models.CausalLM.from_preset` accepts.
+        preset: A `Preset`, or anything `keras_hub.models.CausalLM.from_preset`
+            accepts.
 
     Returns:
         `(family, backbone_config, causal_lm_class)`; no class for an
@@ -70,20 +69,12 @@ def read_preset(preset):
         PresetError: the preset is missing or unreadable, naming the cause.
         families.UnsupportedFamilyError: the family has no route.
     """
-    from keras_hub.src.utils.preset_utils import get_preset_loader
-
-    try:
-        loader = get_preset_loader(preset)
-        backbone_cls = loader.check_backbone_class()
-    except Exception as e:  # noqa: BLE001 - re-raised with the preset named
-        raise PresetError(
-            f"Cannot open KerasHub preset '{preset}': {type(e).__name__}: {e}"
-        ) from e
-    if hasattr(loader, "converter"):  # A Hugging Face checkpoint (hf://).
-        backbone_config = loader.converter.convert_backbone_config(loader.config)
+    preset = Preset.of(preset)
+    if preset.converter is not None:  # A Hugging Face checkpoint (hf://).
+        backbone_config = preset.converter.convert_backbone_config(preset.config)
     else:
-        backbone_config = loader.config["config"]
-    family = families.family_for_backbone(backbone_cls.__name__, preset)
+        backbone_config = preset.config["config"]
+    family = families.family_for_backbone(preset.backbone_cls.__name__, preset)
     if family.embedder_only:  # No CausalLM takes an encoder.
         return family, backbone_config, None
     return family, backbone_config, sampling.causal_lm_class(preset)
@@ -107,14 +98,8 @@ def stop_token_ids(tokenizer, stop_tokens):
 
 def adds_start_token(preset, tokenizer):
     """Whether prompts start with the start token, as the preprocessor says."""
-    from keras_hub.src.utils.preset_utils import PREPROCESSOR_CONFIG_FILE
-    from keras_hub.src.utils.preset_utils import check_file_exists
-    from keras_hub.src.utils.preset_utils import load_json
-
-    add_start_token = True  # CausalLMPreprocessor's default.
-    if check_file_exists(preset, PREPROCESSOR_CONFIG_FILE):
-        preprocessor = load_json(preset, PREPROCESSOR_CONFIG_FILE)
-        add_start_token = preprocessor["config"].get("add_start_token", True)
+    # True is CausalLMPreprocessor's default.
+    add_start_token = Preset.of(preset).preprocessor_config.get("add_start_token", True)
     return bool(add_start_token) and tokenizer.start_token_id is not None
 
 
@@ -144,7 +129,7 @@ def read_tokenizers(preset, backbone_config, causal_lm_cls=None):
     preprocessor_cls = getattr(causal_lm_cls, "preprocessor_cls", None)
     tokenizer_cls = getattr(preprocessor_cls, "tokenizer_cls", None) or Tokenizer
     try:
-        tokenizer = tokenizer_cls.from_preset(preset)
+        tokenizer = Preset.of(preset).load(tokenizer_cls)
     except Exception as e:  # noqa: BLE001 - re-raised with the preset named
         # e.g. a checkpoint folder without the vocab.txt keras-hub's BERT
         # converter reads (FileNotFoundError).
@@ -177,7 +162,7 @@ def write_model_folder(preset, directory, max_model_len=None):
         (for PaliGemma, their image-first modes).
     """
     config_lib.register_config()
-    preset = resolve_preset(preset)
+    preset = Preset(resolve_preset(preset))
     family, backbone_config, causal_lm_cls = read_preset(preset)
     tokenizer, checkpoint = read_tokenizers(preset, backbone_config, causal_lm_cls)
     embedder = embedder_lib.read_embedder(preset, family.backbone, backbone_config)
@@ -208,7 +193,7 @@ def write_model_folder(preset, directory, max_model_len=None):
     hybrid = config_lib.hybrid_fields(backbone_config)
     architecture = architectures.choose(family, images=bool(images), hybrid=bool(hybrid))
     model_config = config_lib.KerasHubConfig(
-        keras_hub_preset=preset,
+        keras_hub_preset=preset.reference,
         keras_hub_family=family.name,
         keras_hub_config_digest=config_digest(backbone_config),
         eos_token_id=stop_ids[0],
@@ -278,7 +263,7 @@ def _write_embedder_folder(
             )
         dims["max_position_embeddings"] = min(dims["max_position_embeddings"], limit)
     model_config = config_lib.KerasHubConfig(
-        keras_hub_preset=preset,
+        keras_hub_preset=preset.reference,
         keras_hub_family=family.name,
         keras_hub_config_digest=config_digest(backbone_config),
         pad_token_id=getattr(tokenizer, "pad_token_id", None),

@@ -11,7 +11,6 @@ import inspect
 
 from keras_hub.src.models.causal_lm import CausalLM
 from keras_hub.src.samplers.serialization import get as get_sampler
-from keras_hub.src.utils.preset_utils import get_preset_loader
 from keras_hub.src.utils.preset_utils import list_subclasses
 from keras_hub.src.vllm.registry import sampler_to_sampling_kwargs
 
@@ -53,7 +52,9 @@ def causal_lm_class(preset):
     choice is fixed: drafters (`*AssistantCausalLM`) are never served, and of
     the rest the first by name.
     """
-    backbone_cls = get_preset_loader(preset).check_backbone_class()
+    from vllm_keras_hub.preset import Preset
+
+    backbone_cls = Preset.of(preset).backbone_cls
     candidates = sorted(
         (
             cls

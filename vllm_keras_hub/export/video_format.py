@@ -55,28 +55,25 @@ def load_video_converter(preset):
     `backbone_cls`, so `find_subclass` finds no converter for the backbone).
     """
     from keras_hub.src.layers.preprocessing.video_converter import VideoConverter
-    from keras_hub.src.utils.preset_utils import check_file_exists
-    from keras_hub.src.utils.preset_utils import get_preset_loader
+
+    from vllm_keras_hub.preset import Preset
 
     from vllm_keras_hub.export.image_format import preprocessor_part
 
+    preset = Preset.of(preset)
     # As the preprocessor holds it, where it does (`load_image_converter`).
     converter = preprocessor_part(preset, "video_converter")
     if converter is not None:
         return converter
-    if not check_file_exists(preset, "video_converter.json"):
+    if not preset.has("video_converter.json"):
         return None
-    return get_preset_loader(preset).load_video_converter(VideoConverter)
+    return preset.load(VideoConverter, exact=True)
 
 
 def _preprocessor_fps(preset, default=DEFAULT_FPS):
-    from keras_hub.src.utils.preset_utils import check_file_exists
-    from keras_hub.src.utils.preset_utils import load_json
+    from vllm_keras_hub.preset import Preset
 
-    if not check_file_exists(preset, "preprocessor.json"):
-        return default
-    config = load_json(preset, "preprocessor.json").get("config", {})
-    return float(config.get("video_fps", default))
+    return float(Preset.of(preset).preprocessor_config.get("video_fps", default))
 
 
 def video_fields(preset, backbone_class, tokenizer, serves_images):

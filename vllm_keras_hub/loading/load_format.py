@@ -21,11 +21,14 @@ def backbone_dtype(preset, dtype):
     returns the saved map with `dtype` as its default and as the quantized
     layers' source dtype, as keras-hub does when a map is kept.
     """
-    from keras_hub.src.utils.preset_utils import CONFIG_FILE
-    from keras_hub.src.utils.preset_utils import load_json
+    import copy
+
     from keras_hub.src.utils.preset_utils import set_dtype_in_config
 
-    config = load_json(preset, CONFIG_FILE)
+    from vllm_keras_hub.preset import Preset
+
+    # `set_dtype_in_config` writes into the map it is given.
+    config = copy.deepcopy(Preset.of(preset).config)
     saved = config.get("config", {}).get("dtype")
     if isinstance(saved, dict) and "DTypePolicyMap" in saved.get("class_name", ""):
         return set_dtype_in_config(config, dtype)["config"]["dtype"]
@@ -39,13 +42,12 @@ def task_final_logit_cap(preset):
     backbone's own `final_logit_soft_cap`; `None` where the preset's
     `task.json` sets none (or it has none).
     """
-    from keras_hub.src.utils.preset_utils import TASK_CONFIG_FILE
-    from keras_hub.src.utils.preset_utils import check_file_exists
-    from keras_hub.src.utils.preset_utils import load_json
+    from vllm_keras_hub.preset import Preset
 
-    if not check_file_exists(preset, TASK_CONFIG_FILE):
+    task = Preset.of(preset).task_config
+    if task is None:
         return None
-    cap = load_json(preset, TASK_CONFIG_FILE).get("config", {}).get("final_logit_cap")
+    cap = task.get("config", {}).get("final_logit_cap")
     return float(cap) if cap else None
 
 

@@ -72,15 +72,24 @@ def unloaded_backbone(preset, dtype):
     Keras's own way to build a model without allocating it: each variable
     keeps its initializer and shape until `PresetWeights` gives it a value.
     """
+    import copy
+
     import keras
-    import keras_hub
     from keras.src.backend.common import global_state
 
+    from vllm_keras_hub.preset import Preset
+
+    preset = Preset.of(preset)
+    # keras-hub writes the dtype into a saved `DTypePolicyMap` of the
+    # config it loads from: a copy, so the preset's config stays as read.
+    loader = copy.copy(preset.loader)
+    loader.config = copy.deepcopy(preset.config)
     before = list(global_state.get_global_attribute("uninitialized_variables") or [])
     try:
         with keras.StatelessScope(initialize_variables=False):
-            backbone = keras_hub.models.Backbone.from_preset(
-                preset, dtype=dtype, load_weights=False
+            # `Backbone.from_preset`, on the loader already read.
+            backbone = loader.load_backbone(
+                preset.backbone_cls, load_weights=False, dtype=dtype
             )
     except BaseException:
         # Or the next `StatelessScope` to exit would initialize them all.
@@ -105,13 +114,14 @@ class PresetWeights:
 
     def __init__(self, backbone, preset):
         from keras_hub.src.utils.preset_utils import KerasPresetLoader
-        from keras_hub.src.utils.preset_utils import get_preset_loader
+
+        from vllm_keras_hub.preset import Preset
 
         self.backbone = backbone
         self._pending = {}
         self._store = None
         self._released = set()
-        self._loader = get_preset_loader(preset)
+        self._loader = Preset.of(preset).loader
         self._variables = {id(v): v for v in backbone.variables}
         self._initializers = {}
         if isinstance(self._loader, KerasPresetLoader):

@@ -83,10 +83,13 @@ def check_lora_serving(
 def _meta_backbone(preset):
     """The preset's backbone with every weight on torch's meta device."""
     import keras
-    import keras_hub
 
+    from vllm_keras_hub.preset import Preset
+
+    preset = Preset.of(preset)
     with keras.device("meta"):
-        return keras_hub.models.Backbone.from_preset(preset, load_weights=False)
+        # `Backbone.from_preset`, on the loader already read.
+        return preset.loader.load_backbone(preset.backbone_cls, load_weights=False)
 
 
 def check_convertible(preset):
@@ -298,13 +301,12 @@ def peft_folder(preset, path, max_lora_rank, cache_root=None):
         LoraAdapterError: naming what does not fit (another base model, a
             rank above `max_lora_rank`, a file that is not an adapter).
     """
-    from keras_hub.src.utils.preset_utils import CONFIG_FILE
-    from keras_hub.src.utils.preset_utils import load_json
+    from vllm_keras_hub.preset import Preset
 
     lora.read_adapter(path)
     # The layer layout is the backbone config's; the folder is made again
     # if either file, or the converter, changes.
-    backbone_config = json.dumps(load_json(preset, CONFIG_FILE), sort_keys=True)
+    backbone_config = json.dumps(Preset.of(preset).config, sort_keys=True)
     digest = hashlib.sha256(f"{_converter_digest()}\0{backbone_config}\0".encode())
     with open(path, "rb") as f:
         digest.update(f.read())

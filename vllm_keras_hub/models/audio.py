@@ -34,7 +34,9 @@ def _audio_converter(preset):
     default_to_torch()
     from keras_hub.src.layers.preprocessing.audio_converter import AudioConverter
 
-    return AudioConverter.from_preset(preset)
+    from vllm_keras_hub.preset import served
+
+    return served(preset).load(AudioConverter)
 
 
 def clip_features(converter, clip):

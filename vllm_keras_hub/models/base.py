@@ -42,6 +42,7 @@ from vllm_keras_hub.loading.scope import building_scope
 from vllm_keras_hub.lora import merged as lora
 from vllm_keras_hub.models import pipeline
 from vllm_keras_hub.models import probe
+from vllm_keras_hub.preset import served
 from vllm_keras_hub.vllm_fixes import apply_for_model
 
 logger = init_logger(__name__)
@@ -87,7 +88,8 @@ class KerasHubBase(nn.Module):
             ["hidden_states"], hf_config.hidden_size
         )
         self.config = hf_config
-        self.preset = hf_config.keras_hub_preset
+        # Each of the preset's files is read once, by whichever step first asks.
+        self.preset = served(hf_config.keras_hub_preset)
         self.vllm_config = vllm_config
         # vLLM names a draft model's modules under `draft_model`, with no dot.
         self.prefix = f"{prefix}." if prefix and not prefix.endswith(".") else prefix

@@ -67,9 +67,9 @@ class KerasHubQwen3_5VisionForCausalLM(_KerasHubImages, KerasHubHybridForCausalL
             )
         self._merge_size = converter.spatial_merge_size
         if self.video is not None:
-            import keras_hub
+            from keras_hub.src.tokenizers.tokenizer import Tokenizer
 
-            tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(self.preset)
+            tokenizer = self.preset.load(Tokenizer)
             self._vision_start = tokenizer.token_to_id(self.video["start_token"])
 
     def _smallest_image(self):

@@ -58,8 +58,9 @@ def _image_converter(preset):
 
     default_to_torch()
     from vllm_keras_hub.export.image_format import load_image_converter
+    from vllm_keras_hub.preset import served
 
-    return load_image_converter(preset)
+    return load_image_converter(served(preset))
 
 
 def to_pixels(preset, images):

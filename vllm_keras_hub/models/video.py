@@ -38,8 +38,9 @@ def _video_converter(preset):
 
     default_to_torch()
     from vllm_keras_hub.export.video_format import load_video_converter
+    from vllm_keras_hub.preset import served
 
-    return load_video_converter(preset)
+    return load_video_converter(served(preset))
 
 
 def kept_frames(total, num_frames):

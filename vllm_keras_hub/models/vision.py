@@ -123,9 +123,9 @@ class _KerasHubImages(staged_images.ImagesInStages, KerasHubForCausalLM, Support
         # stay causal.
         self._image_token_ids = None
         if bidirectional and self.audio is not None:
-            import keras_hub
+            from keras_hub.src.tokenizers.tokenizer import Tokenizer
 
-            tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(self.preset)
+            tokenizer = self.preset.load(Tokenizer)
             tokens = [self.image["image_token"]]
             tokens += [self.video["video_token"]] if self.video else []
             self._image_token_ids = torch.tensor([tokenizer.token_to_id(t) for t in tokens])
