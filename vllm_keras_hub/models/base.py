@@ -4,9 +4,16 @@
 `load_preset()`, which loads the preset as named steps (`_load`): this rank's
 pipeline stage, an adapter merged, the routes installed, the parallel
 shards and fused experts built, the state layers and adapter layers built,
-the start-up probe, the CPU GEMM, the attention layers. The model classes
-(`causal.py`, `hybrid.py`, `vision.py`, `pooling.py`) add what they serve;
-`mixins.py` holds what some of them take (LoRA per request, EAGLE-3 taps).
+the start-up probe, the CPU GEMM, the attention layers.
+
+Each `forward` step, every routed attention layer hands q/k/v to its vLLM
+`Attention` through keras-hub's paged-attention bridge (`layers/
+attention.py`), every Gated DeltaNet layer its tokens to its state layer
+(`layers/state_routes.py`), every MoE block its experts to its `FusedMoE`
+(`layers/moe.py`); the layers call their own `call()` directly
+(`compile/direct_calls.py`), so vLLM compiles the whole step. The model
+classes are one line of parts: this base, what they serve (`CausalMixin`,
+`EmbeddingMixin`, images) and what some take (`mixins.py`).
 """
 
 from vllm_keras_hub.backend import require_torch_backend
@@ -14,12 +21,15 @@ from vllm_keras_hub.backend import require_torch_backend
 # Before anything below imports Keras: a clear error for another backend.
 require_torch_backend()
 
+from keras_hub.src.vllm.context import vllm_context_scope
 from torch import nn
+from vllm.compilation.decorators import support_torch_compile
 from vllm.logger import init_logger
 from vllm.model_executor.models.utils import (
     make_empty_intermediate_tensors_factory,
 )
 from vllm.platforms import current_platform
+from vllm.sequence import IntermediateTensors
 
 from vllm_keras_hub import families
 from vllm_keras_hub import settings
@@ -29,9 +39,11 @@ from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
 from vllm_keras_hub.export.hf_config import LOAD_FORMAT
 from vllm_keras_hub.layers import attention as attention_layers
 from vllm_keras_hub.layers import eagle3
+from vllm_keras_hub.layers import image_attention
 from vllm_keras_hub.layers import moe_routes
 from vllm_keras_hub.layers import parallel_linear
 from vllm_keras_hub.layers import state_routes
+from vllm_keras_hub.layers import step
 from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
 from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
 from vllm_keras_hub.loading import heap
@@ -46,6 +58,17 @@ from vllm_keras_hub.preset import served
 from vllm_keras_hub.vllm_fixes import apply_for_model
 
 logger = init_logger(__name__)
+
+# vLLM compiles a model class's `forward` (unless enforce_eager) with dynamic
+# token counts.
+compiled = support_torch_compile(
+    dynamic_arg_dims={
+        "input_ids": 0,
+        "positions": -1,
+        "intermediate_tensors": 0,
+        "inputs_embeds": 0,
+    }
+)
 
 
 class KerasHubBase(nn.Module):
@@ -289,3 +312,85 @@ class KerasHubBase(nn.Module):
     def embed_input_ids(self, input_ids):
         """The token embedding (Gemma3n's includes its embedding scale)."""
         return attention_layers.token_embedding(self.backbone)(input_ids)
+
+    def forward(
+        self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None
+    ):
+        """Runs this rank's pipeline stage of the backbone on vLLM's packed tokens.
+
+        Args:
+            input_ids: `(num_tokens,)` token ids of all scheduled requests.
+            positions: `(num_tokens,)` absolute position of each token, or
+                `(3, num_tokens)` M-RoPE positions (`mrope.py`), which the
+                attention routes read from the step; the rest of the step
+                sees their first row.
+            intermediate_tensors: The previous stage's `hidden_states`, on
+                every stage but the first.
+            inputs_embeds: `(num_tokens, hidden_size)` embeddings in place
+                of `input_ids`, for presets served with images (`vision.py`).
+
+        Returns:
+            `(num_tokens, hidden_size)` final hidden states on the last
+            stage, with the EAGLE-3 aux hidden states `(hidden, [aux...])`
+            where a drafter asked for them; on the others,
+            `IntermediateTensors` holding the hidden states for the next.
+        """
+        if inputs_embeds is not None and not self.takes_embeddings:
+            raise NotImplementedError("This KerasHub model takes token ids only.")
+        hidden = inputs_embeds
+        if not self.stage.first:
+            hidden = intermediate_tensors["hidden_states"]
+        mrope = None
+        if positions.ndim == 2:
+            mrope, positions = positions, positions[0]
+        routed, experts_routed, states_routed = [], [], []
+        aux = [] if self.model.aux_hidden_state_layers else None
+
+        def paged_attention(attention, query, key, value, *args, **kwargs):
+            routed.append(attention)
+            dtype = self._dtype
+            query = query.to(dtype)
+            if attention.kv_sharing_target_layer_name is not None:
+                # It attends over its target's cache and writes none.
+                output = attention(query, None, None)
+            else:
+                output = attention(query, key.to(dtype), value.to(dtype))
+            if image_attention.marked(attention):
+                output = image_attention.attend_images(attention, query, output)
+            return attention, output
+
+        def experts(block, hidden_states, routing):
+            experts_routed.append(block)
+            return self.moe[block._vllm_moe_index](hidden_states, routing)
+
+        def state_step(layer, hidden_states):
+            states_routed.append(layer._vllm_state_index)
+            return self.states[layer._vllm_state_index](layer, hidden_states)
+
+        with (
+            vllm_context_scope(
+                paged_attention_func=paged_attention,
+                positions=positions,
+                kv_caches=self.attention,
+            ),
+            step.scope(
+                experts=experts,
+                states=state_step,
+                rotary_rows={},
+                aux_hidden=aux,
+                mrope_positions=mrope,
+            ),
+        ):
+            hidden_states = self.stage.packed_forward(input_ids, positions, hidden)
+        probe.check_step(
+            self._name,
+            len(routed),
+            [block._vllm_moe_index for block in experts_routed],
+            states_routed,
+            (len(self.attention), len(self.moe), len(self.states)),
+        )
+        if not self.stage.last:
+            return IntermediateTensors({"hidden_states": hidden_states})
+        if aux is not None:
+            return hidden_states, aux
+        return hidden_states

@@ -1,7 +1,7 @@
 """The vLLM pooling model class of KerasHub text embedders.
 
 A `TextEmbedder` preset (`export/embedder.py`) runs its own backbone as
-`KerasHubForCausalLM` does, its attention on vLLM's kernels: causal, or
+`KerasHubForCausalLM` does (`base.py`), its attention on vLLM's kernels: causal, or
 through vLLM's encoder-only attention where the backbone attends
 bidirectionally (EmbeddingGemma). vLLM's pooling runner then pools the final
 hidden states with the preset's pooling (mean or last token, both over the
@@ -21,8 +21,11 @@ from vllm.model_executor.layers.pooler.seqwise.methods import get_seq_pooling_me
 from vllm.model_executor.layers.pooler.seqwise.poolers import SequencePooler
 from vllm.model_executor.layers.pooler.special import DispatchPooler
 
+from vllm.model_executor.models.interfaces import SupportsPP
+
 from vllm_keras_hub import settings
-from vllm_keras_hub.models.causal import KerasHubForCausalLM
+from vllm_keras_hub.models.base import KerasHubBase
+from vllm_keras_hub.models.base import compiled
 
 # EmbeddingGemma's projection head in `Gemma3Backbone`, in order.
 PROJECTION_LAYERS = ("pooling_dense_1", "embedding_projection")
@@ -45,14 +48,9 @@ class Projection(nn.Module):
         return pooled
 
 
-class KerasHubForEmbedding(KerasHubForCausalLM):
-    """A KerasHub `TextEmbedder` preset served by vLLM's pooling runner.
-
-    Args:
-        vllm_config: The engine's `VllmConfig`; `model_config.hf_config`
-            carries the preset's `keras_hub_embedder` fields.
-        prefix: Module prefix vLLM gives the model.
-    """
+class EmbeddingMixin:
+    """vLLM's pooler over the last hidden states, as the preset's embedder
+    pools them; its settings checked first (no adapters, drafts or stages)."""
 
     is_pooling_model = True
 
@@ -74,7 +72,7 @@ class KerasHubForEmbedding(KerasHubForCausalLM):
         self.pooler = None
 
     def load_preset(self, lora_weights=None):
-        """Loads the backbone (`KerasHubForCausalLM`), then builds the pooler."""
+        """Loads the backbone (`KerasHubBase`), then builds the pooler."""
         super().load_preset(lora_weights)
         self.pooler = self._pooler()
 
@@ -111,3 +109,16 @@ class KerasHubForEmbedding(KerasHubForCausalLM):
 
     def compute_logits(self, hidden_states):
         raise NotImplementedError("A text embedder pools; it has no logits.")
+
+
+# `SupportsPP` leaves the refusal of pipeline parallelism to
+# `settings.check_embedder_settings`, which names the reason.
+@compiled
+class KerasHubForEmbedding(EmbeddingMixin, KerasHubBase, SupportsPP):
+    """A KerasHub `TextEmbedder` preset served by vLLM's pooling runner.
+
+    Args:
+        vllm_config: The engine's `VllmConfig`; `model_config.hf_config`
+            carries the preset's `keras_hub_embedder` fields.
+        prefix: Module prefix vLLM gives the model.
+    """
