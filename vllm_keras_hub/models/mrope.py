@@ -21,24 +21,27 @@ from vllm_keras_hub.backend import require_torch_backend
 # Before anything below imports Keras: plain `vllm` names no backend.
 require_torch_backend()
 
-import torch  # noqa: E402
-from vllm.model_executor.models.interfaces import SupportsMRoPE  # noqa: E402
-from vllm.model_executor.models.utils import _merge_multimodal_embeddings  # noqa: E402
+import torch
+from vllm.model_executor.models.interfaces import SupportsMRoPE
+from vllm.model_executor.models.interfaces import SupportsMultiModal
+from vllm.model_executor.models.utils import _merge_multimodal_embeddings
 
-from vllm_keras_hub.layers.attention import token_embedding  # noqa: E402
-from vllm_keras_hub.models import staged_images  # noqa: E402
-from vllm_keras_hub.models.hybrid import KerasHubHybridForCausalLM  # noqa: E402
-from vllm_keras_hub.models.multimodal import _image_converter  # noqa: E402
-from vllm_keras_hub.models.patches import frame_images  # noqa: E402
-from vllm_keras_hub.models.patches import mrope_positions  # noqa: E402
-from vllm_keras_hub.models.patches import to_patches  # noqa: E402
-from vllm_keras_hub.models.probe import RouteError  # noqa: E402
-from vllm_keras_hub.models.vision import _KerasHubImages  # noqa: E402
-from vllm_keras_hub.models.vision import _register  # noqa: E402
+from vllm_keras_hub.layers.attention import token_embedding
+from vllm_keras_hub.models import staged_images
+from vllm_keras_hub.models.hybrid import KerasHubHybridForCausalLM
+from vllm_keras_hub.models.images import ImagesMixin
+from vllm_keras_hub.models.images import register
+from vllm_keras_hub.models.multimodal import _image_converter
+from vllm_keras_hub.models.patches import frame_images
+from vllm_keras_hub.models.patches import mrope_positions
+from vllm_keras_hub.models.patches import to_patches
+from vllm_keras_hub.models.probe import RouteError
 
 
-@_register
-class KerasHubQwen3_5VisionForCausalLM(_KerasHubImages, KerasHubHybridForCausalLM, SupportsMRoPE):
+@register
+class KerasHubQwen3_5VisionForCausalLM(
+    ImagesMixin, KerasHubHybridForCausalLM, SupportsMultiModal, SupportsMRoPE
+):
     """A KerasHub Qwen3.5 (or Qwen3.5-MoE) preset with a vision encoder."""
 
     placeholder = "<|vision_start|><|image_pad|><|vision_end|>"

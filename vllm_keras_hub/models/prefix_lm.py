@@ -26,20 +26,22 @@ from vllm_keras_hub.backend import require_torch_backend
 
 require_torch_backend()
 
-import dataclasses  # noqa: E402
+import dataclasses
 
-import torch  # noqa: E402
-from vllm.multimodal import MULTIMODAL_REGISTRY  # noqa: E402
-from vllm.multimodal.processing.processor import PlaceholderFeaturesInfo  # noqa: E402
-from vllm.multimodal.processing.processor import PromptIndexTargets  # noqa: E402
-from vllm.multimodal.processing.processor import PromptInsertion  # noqa: E402
+import torch
+from vllm.model_executor.models.interfaces import SupportsMultiModal
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.multimodal.processing.processor import PlaceholderFeaturesInfo
+from vllm.multimodal.processing.processor import PromptIndexTargets
+from vllm.multimodal.processing.processor import PromptInsertion
 
-from vllm_keras_hub.models.multimodal import KerasHubDummyInputsBuilder  # noqa: E402
-from vllm_keras_hub.models.multimodal import KerasHubMultiModalProcessor  # noqa: E402
-from vllm_keras_hub.models.multimodal import KerasHubProcessingInfo  # noqa: E402
-from vllm_keras_hub.models.multimodal import to_pixels  # noqa: E402
-from vllm_keras_hub.models.vision import _KerasHubImages  # noqa: E402
-from vllm_keras_hub.models.vision import scaled_text_embeddings  # noqa: E402
+from vllm_keras_hub.models.causal import KerasHubForCausalLM
+from vllm_keras_hub.models.images import ImagesMixin
+from vllm_keras_hub.models.images import scaled_text_embeddings
+from vllm_keras_hub.models.multimodal import KerasHubDummyInputsBuilder
+from vllm_keras_hub.models.multimodal import KerasHubMultiModalProcessor
+from vllm_keras_hub.models.multimodal import KerasHubProcessingInfo
+from vllm_keras_hub.models.multimodal import to_pixels
 
 # The processor's kwarg, and the item's field, carrying the prompt's ids.
 PREFIX_IDS = "keras_hub_prefix_ids"
@@ -110,7 +112,7 @@ class PrefixProcessor(KerasHubMultiModalProcessor):
 @MULTIMODAL_REGISTRY.register_processor(
     PrefixProcessor, info=PrefixProcessingInfo, dummy_inputs=PrefixDummyInputsBuilder
 )
-class KerasHubPaliGemmaForCausalLM(_KerasHubImages):
+class KerasHubPaliGemmaForCausalLM(ImagesMixin, KerasHubForCausalLM, SupportsMultiModal):
     """A KerasHub PaliGemma preset (its ViT and Gemma decoder)."""
 
     family_name = "PaliGemma"
