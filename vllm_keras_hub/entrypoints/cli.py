@@ -15,7 +15,6 @@ none, the default model, SmolLM2-135M-Instruct. `export` writes that folder
 import argparse
 import json
 import os
-import shlex
 import sys
 
 DEFAULT_HOST = "127.0.0.1"
@@ -87,9 +86,7 @@ def serve(model, vllm_argv):
     from vllm.logger import configure_logging_from_args
 
     from vllm_keras_hub import settings
-    from vllm_keras_hub import speculative
-    from vllm_keras_hub.export.model_folder import ModelFolder
-    from vllm_keras_hub.lora.merged import adapter_loader_config
+    from vllm_keras_hub.entrypoints.prepare import prepare
     from vllm_keras_hub.plugin import register
 
     preset, served_name = _preset_of(model)
@@ -106,28 +103,16 @@ def serve(model, vllm_argv):
         if arg.startswith("--")
     }
     # Reads the preset: a bad MODEL is named before any adapter of it is read.
-    folder = ModelFolder(preset, max_model_len=args.max_model_len)
-    if own_args.lora_weights is not None:
-        args.model_loader_extra_config = adapter_loader_config(
-            own_args.lora_weights, args.model_loader_extra_config
-        )
-    draft = None
+    prepared = prepare(preset, vars(args), given, own_args.lora_weights)
     try:
-        updates = settings.settle(folder, vars(args), given)
-        # After the preset is read, so Keras runs on the backend chosen then.
-        from vllm_keras_hub.models import pipeline
-
-        pipeline.check_stages(folder.preset, args.pipeline_parallel_size)
-        draft_updates, draft = speculative.settle(folder, vars(args))
-        updates.update(draft_updates)
-        updates.update(settings.chat_parser_flags(folder, vars(args)))
+        updates = {**prepared.updates, **settings.chat_parser_flags(prepared.folder, vars(args))}
         for name, value in updates.items():
             setattr(args, name, value)
         chosen = _parser_flags(updates)
         if chosen:
             print(f"vllm-keras-hub: the chat format's parsers: {chosen}", file=sys.stderr)
         _convert_lora_modules(preset, args)
-        args.model = args.model_tag = folder.path
+        args.model = args.model_tag = prepared.folder.path
         if args.host is None:
             args.host = DEFAULT_HOST
         if not args.served_model_name:
@@ -140,9 +125,7 @@ def serve(model, vllm_argv):
         command.validate(args)
         command.cmd(args)
     finally:
-        folder.cleanup()
-        if draft is not None:
-            draft.cleanup()
+        prepared.cleanup()
 
 
 def _parser_flags(values):
@@ -156,54 +139,25 @@ def _parser_flags(values):
 
 
 def export(model, directory):
-    """Writes the model folder of MODEL into `directory` (new or empty)."""
-    from vllm_keras_hub.export.hf_config import LOAD_FORMAT
-    from vllm_keras_hub.export import architectures
-    from vllm_keras_hub.export.image_format import needs_whole_images
+    """Writes the model folder of MODEL into `directory` (new or empty), and
+    prints the `vllm serve` flags `serve` would set for it."""
+    from vllm_keras_hub import settings
+    from vllm_keras_hub.entrypoints.prepare import settings_as_flags
+    from vllm_keras_hub.export.model_folder import FolderConfig
     from vllm_keras_hub.export.preset_folder import write_model_folder
-    from vllm_keras_hub.settings import default_media_io
 
     preset, _ = _preset_of(model)
     os.makedirs(directory, exist_ok=True)
     if os.listdir(directory):
         raise FileExistsError(f"Export folder '{directory}' is not empty.")
-    tokenizer_mode = write_model_folder(preset, directory)
-    flags = f"--load-format {LOAD_FORMAT}"
-    if tokenizer_mode != "auto":
-        flags += f" --tokenizer-mode {tokenizer_mode}"
-    with open(os.path.join(directory, "config.json")) as f:
-        config = json.load(f)
-    image = config.get("keras_hub_image")
-    if image and needs_whole_images(image):
-        from vllm_keras_hub.scheduler import IMAGE_SCHEDULER
-
-        # What `serve` sets for such images (`settings.settle`).
-        flags += f" --disable-chunked-mm-input --scheduler-cls {IMAGE_SCHEDULER}"
-    if image and image["bidirectional"] == "prefix":
-        # A PaliGemma prompt is computed in one step (`settings.settle`).
-        flags += f" --max-num-batched-tokens {config['max_position_embeddings']}"
-    if architectures.current(config["architectures"][0]) == architectures.MROPE:
-        # No encoder profile on the largest image (`settings.settle`; it
-        # sets it on the CPU only).
-        flags += " --skip-mm-profiling"
-    media_io = default_media_io(config.get("keras_hub_audio"), config.get("keras_hub_video"))
-    if media_io:
-        # What `serve` sets (`settings.settle`): PyAV, the lock's audio
-        # decoder (vLLM's default tries two absent ones first, logging each
-        # clip), and the video converter's frames per video.
-        flags += " --media-io-kwargs " + shlex.quote(json.dumps(media_io))
-    parsers = _parser_flags(
-        {
-            "tool_call_parser": config.get("keras_hub_tool_parser"),
-            "reasoning_parser": config.get("keras_hub_reasoning_parser"),
-        }
-    )
-    if parsers:
-        flags += f" {parsers}"
+    folder = FolderConfig(directory, write_model_folder(preset, directory))
+    updates = settings.settle(folder, {}, set())
+    updates.update(settings.chat_parser_flags(folder, {}))
+    flags = settings_as_flags(updates)
     print(f"Wrote {directory}. Serve it with vLLM (vllm-keras-hub installed):")
     print(f"  vllm serve {directory} {flags}")
     print(f"  python -m vllm.entrypoints.openai.api_server --model {directory} {flags}")
-    if config.get("keras_hub_embedder"):
+    if folder.embedder:
         print("A text embedder: vLLM serves it with its pooling runner (/v1/embeddings).")
 
 

@@ -12,13 +12,9 @@ from vllm_keras_hub import backend
 # every process, for every model.)
 backend.default_to_torch()
 
-from vllm_keras_hub import settings  # noqa: E402
-from vllm_keras_hub import speculative  # noqa: E402
-from vllm_keras_hub.export.model_folder import ModelFolder  # noqa: E402
+from vllm_keras_hub.entrypoints.prepare import prepare  # noqa: E402
 from vllm_keras_hub.export.preset_folder import strip_prefix  # noqa: E402
 from vllm_keras_hub.lora import adapters as lora_adapters  # noqa: E402
-from vllm_keras_hub.lora.merged import adapter_loader_config  # noqa: E402
-from vllm_keras_hub.models import pipeline  # noqa: E402
 from vllm_keras_hub.plugin import register  # noqa: E402
 
 
@@ -56,30 +52,16 @@ class KerasHubLLM(vllm.LLM):
         self.draft_folder = None
         preset = self._preset = strip_prefix(model)
         self._adapter_folders = {}
-        if lora_weights is not None:
-            if preset is None:
-                raise ValueError(
-                    f"lora_weights merges a KerasHub adapter into a 'keras_hub:<preset>' "
-                    f"model, not into {model!r}."
-                )
-            kwargs["model_loader_extra_config"] = adapter_loader_config(
-                lora_weights, kwargs.get("model_loader_extra_config")
+        if lora_weights is not None and preset is None:
+            raise ValueError(
+                f"lora_weights merges a KerasHub adapter into a 'keras_hub:<preset>' "
+                f"model, not into {model!r}."
             )
         if preset is not None:
             register()
-            self.model_folder = ModelFolder(
-                preset, max_model_len=kwargs.get("max_model_len")
-            )
-            try:
-                kwargs.update(settings.settle(self.model_folder, kwargs, set(kwargs)))
-                pipeline.check_stages(
-                    self.model_folder.preset, kwargs.get("pipeline_parallel_size")
-                )
-                updates, self.draft_folder = speculative.settle(self.model_folder, kwargs)
-                kwargs.update(updates)
-            except BaseException:
-                self.close()
-                raise
+            prepared = prepare(preset, kwargs, set(kwargs), lora_weights)
+            self.model_folder, self.draft_folder = prepared.folder, prepared.draft
+            kwargs.update(prepared.updates)
             model = self.model_folder.path
         try:
             super().__init__(model=model, **kwargs)

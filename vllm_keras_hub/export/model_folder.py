@@ -66,7 +66,45 @@ def _release(path, marker):
             shutil.rmtree(users, ignore_errors=True)
 
 
-class ModelFolder:
+class FolderConfig:
+    """What a written model folder's `config.json` tells the engine settings
+    (`settings.settle`) and the model classes.
+
+    Args:
+        directory: The model folder.
+        tokenizer_mode: What `write_model_folder` returned for it.
+    """
+
+    def __init__(self, directory, tokenizer_mode):
+        self.tokenizer_mode = tokenizer_mode
+        with open(os.path.join(directory, "config.json")) as f:
+            config = json.load(f)
+        self.family = families.family_by_name(config["keras_hub_family"])
+        # The vLLM model class's name.
+        self.architecture = architectures.current(config["architectures"][0])
+        # The preset, as the model class loads it (local folders absolute).
+        self.preset = config["keras_hub_preset"]
+        # The image format of a preset served with images (`export/image_format.py`),
+        # else `None`.
+        self.images = config.get("keras_hub_image")
+        # Its audio format (`export/audio_format.py`), else `None`.
+        self.audio = config.get("keras_hub_audio")
+        # Its video format (`export/video_format.py`), else `None`.
+        self.video = config.get("keras_hub_video")
+        # A text embedder's pooling (`export/embedder.py`), else `None`.
+        self.embedder = config.get("keras_hub_embedder")
+        # vLLM's parsers for the chat format's tool calls and thinking
+        # (`export/chat_templates.py`), else `None`.
+        self.tool_parser = config.get("keras_hub_tool_parser")
+        self.reasoning_parser = config.get("keras_hub_reasoning_parser")
+        # A drafter preset's Hugging Face model type (`export/drafter.py`),
+        # else `None`: it only proposes tokens for a target.
+        self.drafter = config.get("keras_hub_drafter")
+        # The longest context it is exported for.
+        self.max_model_len = config.get("max_position_embeddings")
+
+
+class ModelFolder(FolderConfig):
     """A temporary model folder, removed on `cleanup()`, GC or exit.
 
     The folder's path is derived from its contents, so the same preset with
@@ -105,31 +143,7 @@ class ModelFolder:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         self._finalizer = weakref.finalize(self, _release, self.path, marker)
-        with open(os.path.join(self.path, "config.json")) as f:
-            config = json.load(f)
-        self.family = families.family_by_name(config["keras_hub_family"])
-        # The vLLM model class's name.
-        self.architecture = architectures.current(config["architectures"][0])
-        # The preset, as the model class loads it (local folders absolute).
-        self.preset = config["keras_hub_preset"]
-        # The image format of a preset served with images (`export/image_format.py`),
-        # else `None`.
-        self.images = config.get("keras_hub_image")
-        # Its audio format (`export/audio_format.py`), else `None`.
-        self.audio = config.get("keras_hub_audio")
-        # Its video format (`export/video_format.py`), else `None`.
-        self.video = config.get("keras_hub_video")
-        # A text embedder's pooling (`export/embedder.py`), else `None`.
-        self.embedder = config.get("keras_hub_embedder")
-        # vLLM's parsers for the chat format's tool calls and thinking
-        # (`export/chat_templates.py`), else `None`.
-        self.tool_parser = config.get("keras_hub_tool_parser")
-        self.reasoning_parser = config.get("keras_hub_reasoning_parser")
-        # A drafter preset's Hugging Face model type (`export/drafter.py`),
-        # else `None`: it only proposes tokens for a target.
-        self.drafter = config.get("keras_hub_drafter")
-        # The longest context it is exported for.
-        self.max_model_len = config.get("max_position_embeddings")
+        super().__init__(self.path, self.tokenizer_mode)
 
     def cleanup(self):
         """Lets go of the folder now. Safe to call more than once."""
