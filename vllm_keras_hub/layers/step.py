@@ -12,6 +12,22 @@ import dataclasses
 
 
 @dataclasses.dataclass
+class Routed:
+    """What one step handed to vLLM, in call order: the start-up probe's
+    routes are checked against it (`probe.check_step`).
+
+    Attributes:
+        attention: The vLLM `Attention` of each attention call.
+        moe: The index of each MoE block whose experts ran.
+        states: The index of each state layer that stepped.
+    """
+
+    attention: list = dataclasses.field(default_factory=list)
+    moe: list = dataclasses.field(default_factory=list)
+    states: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
 class Step:
     """The context of the step being served.
 
@@ -35,6 +51,7 @@ class Step:
         mrope_positions: `(3, num_tokens)` M-RoPE positions (temporal,
             height, width) of a model that takes them (`models/mrope.py`),
             or `None`.
+        routed: The step's `Routed`, or `None` outside a step.
     """
 
     experts: object = None
@@ -46,6 +63,7 @@ class Step:
     spans_end_prompts: bool = False
     aux_hidden: list = None
     mrope_positions: object = None
+    routed: Routed = None
 
 
 _STEP = Step()

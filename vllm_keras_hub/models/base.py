@@ -343,50 +343,29 @@ class KerasHubBase(nn.Module):
         mrope = None
         if positions.ndim == 2:
             mrope, positions = positions, positions[0]
-        routed, experts_routed, states_routed = [], [], []
         aux = [] if self.model.aux_hidden_state_layers else None
-
-        def paged_attention(attention, query, key, value, *args, **kwargs):
-            routed.append(attention)
-            dtype = self._dtype
-            query = query.to(dtype)
-            if attention.kv_sharing_target_layer_name is not None:
-                # It attends over its target's cache and writes none.
-                output = attention(query, None, None)
-            else:
-                output = attention(query, key.to(dtype), value.to(dtype))
-            if image_attention.marked(attention):
-                output = image_attention.attend_images(attention, query, output)
-            return attention, output
-
-        def experts(block, hidden_states, routing):
-            experts_routed.append(block)
-            return self.moe[block._vllm_moe_index](hidden_states, routing)
-
-        def state_step(layer, hidden_states):
-            states_routed.append(layer._vllm_state_index)
-            return self.states[layer._vllm_state_index](layer, hidden_states)
-
+        routed = step.Routed()
         with (
             vllm_context_scope(
-                paged_attention_func=paged_attention,
+                paged_attention_func=self._paged_attention,
                 positions=positions,
                 kv_caches=self.attention,
             ),
             step.scope(
-                experts=experts,
-                states=state_step,
+                experts=self._experts,
+                states=self._state_step,
                 rotary_rows={},
                 aux_hidden=aux,
                 mrope_positions=mrope,
+                routed=routed,
             ),
         ):
             hidden_states = self.stage.packed_forward(input_ids, positions, hidden)
         probe.check_step(
             self._name,
-            len(routed),
-            [block._vllm_moe_index for block in experts_routed],
-            states_routed,
+            len(routed.attention),
+            routed.moe,
+            routed.states,
             (len(self.attention), len(self.moe), len(self.states)),
         )
         if not self.stage.last:
@@ -394,3 +373,26 @@ class KerasHubBase(nn.Module):
         if aux is not None:
             return hidden_states, aux
         return hidden_states
+
+    def _paged_attention(self, attention, query, key, value, *args, **kwargs):
+        # keras-hub's bridge hands each routed attention layer its vLLM
+        # `Attention` (the n-th call, the n-th cache).
+        step.current().routed.attention.append(attention)
+        dtype = self._dtype
+        query = query.to(dtype)
+        if attention.kv_sharing_target_layer_name is not None:
+            # It attends over its target's cache and writes none.
+            output = attention(query, None, None)
+        else:
+            output = attention(query, key.to(dtype), value.to(dtype))
+        if image_attention.marked(attention):
+            output = image_attention.attend_images(attention, query, output)
+        return attention, output
+
+    def _experts(self, block, hidden_states, routing):
+        step.current().routed.moe.append(block._vllm_moe_index)
+        return self.moe[block._vllm_moe_index](hidden_states, routing)
+
+    def _state_step(self, layer, hidden_states):
+        step.current().routed.states.append(layer._vllm_state_index)
+        return self.states[layer._vllm_state_index](layer, hidden_states)
