@@ -16,18 +16,14 @@ from vllm_keras_hub.backend import require_torch_backend
 # in a fresh shell names no backend.
 require_torch_backend()
 
-import math
-
 import numpy as np
 import torch
-from vllm.model_executor.models.utils import _merge_multimodal_embeddings
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
 from vllm_keras_hub.export.audio_format import read_audio_format
 from vllm_keras_hub.export.image_format import read_image_format
 from vllm_keras_hub.export.video_format import read_video_format
 from vllm_keras_hub.layers import image_attention
-from vllm_keras_hub.layers.attention import token_embedding
 from vllm_keras_hub.layers.attention import transformer_layers
 from vllm_keras_hub.models import staged_images
 from vllm_keras_hub.models.audio import to_features
@@ -207,17 +203,3 @@ class ImagesMixin(staged_images.ImagesInStages):
         if not has_images:
             return self._embed(input_ids, None, None)
         return self._embed(input_ids, multimodal_embeddings, is_multimodal)
-
-
-def scaled_text_embeddings(backbone, input_ids, images, is_image):
-    """Token embeddings scaled by sqrt(hidden), images merged in unscaled.
-
-    As `Gemma3Backbone` and `PaliGemmaCausalLM` compute them: `x *
-    ops.cast(ops.sqrt(hidden_dim), x.dtype)` on the text only.
-    """
-    embeddings = token_embedding(backbone)(input_ids)
-    scale = torch.tensor(math.sqrt(backbone.hidden_dim), dtype=torch.float32)
-    embeddings = embeddings * scale.to(embeddings.dtype)
-    if images is None:
-        return embeddings
-    return _merge_multimodal_embeddings(embeddings, images, is_image)

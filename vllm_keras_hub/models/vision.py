@@ -28,6 +28,8 @@ from vllm_keras_hub.backend import require_torch_backend
 # in a fresh shell names no backend.
 require_torch_backend()
 
+import math
+
 import torch
 from vllm.model_executor.models.interfaces import SupportsMultiModal
 from vllm.model_executor.models.utils import _merge_multimodal_embeddings
@@ -39,7 +41,6 @@ from vllm_keras_hub.models.audio import embed_gemma4_clip
 from vllm_keras_hub.models.causal import KerasHubForCausalLM
 from vllm_keras_hub.models.images import ImagesMixin
 from vllm_keras_hub.models.images import register
-from vllm_keras_hub.models.images import scaled_text_embeddings
 from vllm_keras_hub.models.probe import RouteError
 
 
@@ -55,6 +56,20 @@ class KerasHubVisionForCausalLM(ImagesMixin, KerasHubForCausalLM, SupportsMultiM
 
     def _embed(self, input_ids, images, is_image):
         return scaled_text_embeddings(self.backbone, input_ids, images, is_image)
+
+
+def scaled_text_embeddings(backbone, input_ids, images, is_image):
+    """Token embeddings scaled by sqrt(hidden), images merged in unscaled.
+
+    As `Gemma3Backbone` and `PaliGemmaCausalLM` compute them: `x *
+    ops.cast(ops.sqrt(hidden_dim), x.dtype)` on the text only.
+    """
+    embeddings = token_embedding(backbone)(input_ids)
+    scale = torch.tensor(math.sqrt(backbone.hidden_dim), dtype=torch.float32)
+    embeddings = embeddings * scale.to(embeddings.dtype)
+    if images is None:
+        return embeddings
+    return _merge_multimodal_embeddings(embeddings, images, is_image)
 
 
 @register
