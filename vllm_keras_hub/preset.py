@@ -12,6 +12,7 @@ between two exports is read afresh.
 """
 
 import functools
+import os
 
 # First: keras-hub imports Keras, on torch.
 from vllm_keras_hub import keras_on_torch  # noqa: F401
@@ -152,13 +153,16 @@ def served(reference):
     """The `Preset` this serving process reads `reference` from.
 
     One per reference and process (the last four kept), shared by the model
-    and the media processors, as the converters they build were cached
-    before. An export makes its own `Preset`, so a folder saved over between
-    two exports is read afresh.
+    and the media processors. A local folder saved over since (its
+    `config.json` rewritten) is read afresh, as an export reads it: an
+    in-process engine started again on it must not load the old config.
     """
-    return _served(str.__str__(reference))
+    reference = str.__str__(reference)
+    config = os.path.join(reference, preset_utils.CONFIG_FILE)
+    stamp = os.stat(config).st_mtime_ns if os.path.isfile(config) else None
+    return _served(reference, stamp)
 
 
 @functools.lru_cache(maxsize=4)
-def _served(reference):
+def _served(reference, stamp):
     return Preset(reference)

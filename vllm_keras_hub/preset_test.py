@@ -83,3 +83,16 @@ def test_a_preset_is_its_reference(shared):
     assert preset.config["class_name"] == "Llama3Backbone"
     copy = pickle.loads(pickle.dumps(preset))
     assert copy == preset and copy.__dict__.get("loader") is None
+
+
+def test_a_folder_saved_over_is_served_afresh(shared, tmp_path):
+    import shutil
+
+    preset = str(tmp_path / "preset")
+    shutil.copytree(shared.preset("llama3"), preset)
+    first = served(preset)
+    assert served(Preset(preset)) is first
+    config = os.path.join(preset, "config.json")
+    stat = os.stat(config)
+    os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert served(preset) is not first
