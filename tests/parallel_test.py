@@ -310,7 +310,7 @@ def test_pipeline_parallel_greedy_parity(family, vision, shared):
         reports = sorted(llm.collective_rpc(stage_report), key=lambda r: r["ranks"])
     if vision:
         classes = {report["model_class"] for report in reports}
-        assert classes == {"KerasHubVisionForCausalLM"}, classes
+        assert classes == {"KerasHubGemma3VisionForCausalLM"}, classes
     row = f"{family} + vision encoder" if vision else family
     support_matrix.record(row, TINY_FAMILIES[family][1], pp2="FAIL")
     _assert_greedy_parity(outputs, expected)

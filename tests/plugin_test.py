@@ -76,15 +76,17 @@ def test_another_keras_backend_is_refused_only_for_keras_hub_models():
         from vllm.plugins import load_general_plugins
 
         load_general_plugins()
-        try:
-            import vllm_keras_hub.models.causal
-        except RuntimeError as e:
-            print("refused:", e)
+        for name in ("models.causal", "families.gemma4.media"):
+            try:
+                __import__(f"vllm_keras_hub.{name}")
+            except RuntimeError as e:
+                print("refused:", e)
         """,
         KERAS_BACKEND="jax",
     )
     assert result.returncode == 0, result.stderr
-    assert "refused: vllm-keras-hub serves KerasHub models on Keras's torch" in result.stdout
+    refusal = "refused: vllm-keras-hub serves KerasHub models on Keras's torch"
+    assert result.stdout.count(refusal) == 2, result.stdout
     assert "KERAS_BACKEND='jax'" in result.stdout
 
 

@@ -19,6 +19,8 @@ from vllm_keras_hub import keras_on_torch  # noqa: F401
 from keras_hub.src.utils import preset_utils
 from keras_hub.src.utils.preset_utils import find_subclass
 
+from vllm_keras_hub import families
+
 
 class PresetError(ValueError):
     """A preset that cannot be opened, naming the preset and the cause."""
@@ -40,6 +42,7 @@ class Preset(str):
         self._json = {}
         self._exists = {}
         self._loaded = {}
+        self._kept = {}
 
     def __reduce__(self):
         return (Preset, (self.reference,))
@@ -81,6 +84,15 @@ class Preset(str):
     @functools.cached_property
     def backbone_cls(self):
         return self.loader.check_backbone_class()
+
+    @functools.cached_property
+    def family(self):
+        """The preset's `families.Family`, by its backbone class."""
+        return families.family_for_backbone(self.backbone_cls.__name__, self.reference)
+
+    def part(self, name):
+        """Its family's part `name` (`families.part`), or `None`."""
+        return families.part(self.family, name)
 
     @property
     def converter(self):
@@ -134,6 +146,14 @@ class Preset(str):
                 cls = find_subclass(self.reference, cls, self.backbone_cls)
             self._loaded[key] = self._load(cls)
         return self._loaded[key]
+
+    def kept(self, make):
+        """`make(self)`, made once for this `Preset` (a converter built from
+        its preprocessor's config, say): a folder saved over is a new
+        `Preset` in a serving process (`served`), read afresh."""
+        if make not in self._kept:
+            self._kept[make] = make(self)
+        return self._kept[make]
 
     def _load(self, cls):
         from keras_hub.src.layers.preprocessing.audio_converter import AudioConverter

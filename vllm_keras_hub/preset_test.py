@@ -69,12 +69,16 @@ def test_the_media_processors_share_the_models_preset(shared, monkeypatch):
     preset = shared.vision_preset("gemma4")
     preset_lib._served.cache_clear()
     opened = _count_opens(monkeypatch, preset)
-    for reader in (multimodal._image_converter, audio._audio_converter, video._video_converter):
-        reader.cache_clear()
-        assert reader(preset) is not None
-        assert reader(Preset(preset)) is not None  # Another key, the same reads.
+    readers = (multimodal.image_converter, audio.audio_converter, video.video_converter)
+    converters = [reader(preset) for reader in readers]
+    assert None not in converters
+    assert [reader(Preset(preset)) for reader in readers] == converters  # The same ones.
     media = ["image_converter.json", "audio_converter.json", "video_converter.json"]
     assert [opened[name] for name in media] == [1, 1, 1], opened
+    # A folder saved over: its converters are read afresh with it.
+    config = os.path.join(preset, "config.json")
+    os.utime(config, ns=(os.stat(config).st_atime_ns, os.stat(config).st_mtime_ns + 10**9))
+    assert all(reader(preset) is not old for reader, old in zip(readers, converters))
 
 
 def test_a_preset_is_its_reference(shared):

@@ -105,7 +105,7 @@ def check(family, image, values):
         values.get("speculative_config"),
         pipeline,
         bool(image),
-        backbone=family.backbone,
+        family=family,
     )
     if image:
         check_embedding_inputs(values.get("enable_mm_embeds"))

@@ -35,6 +35,7 @@ What vLLM 0.32 does that decides the rest:
 import json
 import os
 
+from vllm_keras_hub import families
 from vllm_keras_hub.export.preset_folder import strip_prefix
 
 # The module prefix vLLM builds a `draft_model` drafter under.
@@ -49,8 +50,6 @@ SERVED_METHODS = (
 )  # fmt: skip
 # Methods that run a drafter model in the target's worker.
 _MODEL_METHODS = ("draft_model", "eagle3", "mtp")
-# The backbone whose assistants draft as `mtp`.
-_MTP_BACKBONE = "Gemma4Backbone"
 _NGRAM_MODELS = ("ngram", "[ngram]")
 
 
@@ -91,7 +90,7 @@ def check(
     pipeline=None,
     images=False,
     lora_weights=None,
-    backbone=None,
+    family=None,
 ):
     """Raises for speculative settings a KerasHub target is not served with.
 
@@ -100,13 +99,13 @@ def check(
         pipeline: The pipeline-parallel size, if set.
         images: Whether the target serves images.
         lora_weights: The adapter merged into the target at load, if any.
-        backbone: The target's backbone class name, if known.
+        family: The target's `families.Family`, if known.
     """
     if speculative_config is None:
         return
     method = method_of(speculative_config)
     if method == "mtp":
-        _check_mtp(speculative_config, backbone, lora_weights)
+        _check_mtp(speculative_config, family, lora_weights)
     if method not in SERVED_METHODS:
         raise UnsupportedSpeculativeConfigError(
             f"Speculative method {method!r} is not served for KerasHub "
@@ -144,11 +143,10 @@ def check(
             "are not exact there yet. Serve the preset without one, or with "
             "method 'ngram'."
         )
-    if method == "eagle3" and backbone == "Gemma3nBackbone":
+    refusal = family.speculative_refusals.get(method) if family else None
+    if refusal:
         raise UnsupportedSpeculativeConfigError(
-            "EAGLE-3 is not served for Gemma3n: its layers pass AltUp's stack "
-            "of hidden states, not the one residual stream an EAGLE-3 head "
-            "reads."
+            f"Method {method!r} is not served for {family.display_name}: {refusal}"
         )
     if (
         method == "draft_model"
@@ -163,13 +161,15 @@ def check(
         )
 
 
-def _check_mtp(speculative_config, backbone, lora_weights):
-    if backbone is not None and backbone != _MTP_BACKBONE:
+def _check_mtp(speculative_config, family, lora_weights):
+    if family is not None and not family.drafters:
+        served = [f.display_name for f in families.FAMILIES if f.drafters]
         raise UnsupportedSpeculativeConfigError(
-            "Method 'mtp' is served for Gemma4 targets, drafted by a Gemma4 "
-            f"assistant preset; this target is a {backbone}. Other families' "
-            "MTP drafters read the target's layers by vLLM's module names, "
-            "which a KerasHub target does not have."
+            f"Method 'mtp' is served for {' and '.join(served)} targets, "
+            "drafted by an assistant preset of their family; this target is "
+            f"a {family.backbone}. Other families' MTP drafters read the "
+            "target's layers by vLLM's module names, which a KerasHub target "
+            "does not have."
         )
     if not _keras_hub_draft(speculative_config):
         raise UnsupportedSpeculativeConfigError(
@@ -234,16 +234,16 @@ def _is_keras_hub_folder(path):
 def _check_drafter_kind(draft, preset, method):
     """Raises where the preset's kind does not fit the method."""
     if method == "mtp" and draft.drafter is None:
+        tasks = " or ".join(f"`{task}`" for task in families.DRAFTERS)
         raise UnsupportedSpeculativeConfigError(
-            f"Method 'mtp' needs a Gemma4 assistant preset (a "
-            f"`Gemma4AssistantCausalLM`), and {preset!r} is not one: draft "
-            "with it as method 'draft_model'."
+            f"Method 'mtp' needs an assistant preset (a {tasks}), and "
+            f"{preset!r} is not one: draft with it as method 'draft_model'."
         )
     if method != "mtp" and draft.drafter is not None:
         raise UnsupportedSpeculativeConfigError(
-            f"{preset!r} is a Gemma4 assistant: it drafts from the target's "
-            "hidden states and cache, as method 'mtp', not as a "
-            f"{method!r} drafter."
+            f"{preset!r} is a {draft.family.display_name} assistant: it drafts "
+            "from the target's hidden states and cache, as method 'mtp', not "
+            f"as a {method!r} drafter."
         )
 
 
@@ -326,7 +326,7 @@ def settle(target, values):
         values.get("pipeline_parallel_size"),
         bool(target.images),
         lora_weights,
-        target.family.backbone,
+        target.family,
     )
     if spec is None:
         return {}, None

@@ -27,15 +27,17 @@ PREFIX_LM = "KerasHubTorchPaliGemmaForCausalLM"
 MROPE = "KerasHubTorchQwen3_5VisionForCausalLM"
 
 _MODELS = "vllm_keras_hub.models"
+_FAMILIES = "vllm_keras_hub.families"
 CLASSES = {
     CAUSAL: f"{_MODELS}.causal:KerasHubForCausalLM",
     HYBRID: f"{_MODELS}.hybrid:KerasHubHybridForCausalLM",
     EMBEDDING: f"{_MODELS}.pooling:KerasHubForEmbedding",
-    GEMMA3_VISION: f"{_MODELS}.vision:KerasHubVisionForCausalLM",
-    GEMMA3N_VISION: f"{_MODELS}.vision:KerasHubGemma3nVisionForCausalLM",
-    GEMMA4_VISION: f"{_MODELS}.vision:KerasHubGemma4VisionForCausalLM",
-    PREFIX_LM: f"{_MODELS}.prefix_lm:KerasHubPaliGemmaForCausalLM",
-    MROPE: f"{_MODELS}.mrope:KerasHubQwen3_5VisionForCausalLM",
+    # A family's own class, in its folder (`families/<name>/media.py`).
+    GEMMA3_VISION: f"{_FAMILIES}.gemma3.media:KerasHubGemma3VisionForCausalLM",
+    GEMMA3N_VISION: f"{_FAMILIES}.gemma3n.media:KerasHubGemma3nVisionForCausalLM",
+    GEMMA4_VISION: f"{_FAMILIES}.gemma4.media:KerasHubGemma4VisionForCausalLM",
+    PREFIX_LM: f"{_FAMILIES}.pali_gemma.media:KerasHubPaliGemmaForCausalLM",
+    MROPE: f"{_FAMILIES}.qwen3_5.media:KerasHubQwen3_5VisionForCausalLM",
 }
 
 # The names folders written before these carry -> ours.

@@ -1,28 +1,25 @@
 """What a preset served with audio needs: its format, in `config.json`.
 
-A Gemma3n or Gemma4 preset served with images (`image_format.py`) that also
-carries an audio encoder, an audio converter and audio tokens is served
-with audio too. Its `config.json` carries the audio format as
-`keras_hub_audio`, read by the processor (`models/multimodal.py`) and the
-model class (`models/audio.py`):
-- `placeholder`: what a prompt writes for a clip (Gemma3n:
-  `<start_of_audio>`; Gemma4: `<|audio|>`);
+A preset served with images (`image_format.py`) whose family reads an
+audio format (its `formats.audio_fields`) and that also carries an audio
+encoder, an audio converter and audio tokens is served with audio too. Its
+`config.json` carries the audio format as `keras_hub_audio`, read by the
+processor (`models/multimodal.py`, `models/audio.py`) and the model class:
+- `placeholder`: what a prompt writes for a clip;
 - `start_token`, `audio_token`, `end_token`, `tokens_per_clip`, `newlines`:
   what the placeholder expands to, as the family's `CausalLMPreprocessor`
   expands it: `newlines + start + audio_token * count + end + newlines`;
-- `frame_stride`: how `count` is found. `None` (Gemma3n): every clip takes
-  `tokens_per_clip`, the backbone's `audio_soft_tokens_per_image`, which its
-  embedding processor pads or cuts every clip's embeddings to. Gemma4:
-  the samples per mel frame; a clip takes one token per 4 frames, rounded
-  up, at most `tokens_per_clip` (`clip_tokens`);
+- `frame_stride`: how `count` is found. `None`: every clip takes
+  `tokens_per_clip` (Gemma3n's embedding processor pads or cuts every
+  clip's embeddings to as many). Else the samples per mel frame; a clip
+  takes one token per 4 frames, rounded up, at most `tokens_per_clip`
+  (`clip_tokens`), as Gemma4's preprocessor counts them;
 - `sampling_rate`: the converter's rate, which vLLM resamples clips to;
 - `max_samples`: the longest clip the converter keeps (KerasHub's
   converters cut longer clips, and so do we), for vLLM's profiling.
 """
 
-# `Gemma3nAudioConverter.__call__`'s `max_length`, which its preprocessor
-# leaves at the default: 30 s at 16 kHz.
-CONVERTER_MAX_SAMPLES = 480000
+from vllm_keras_hub import families
 
 # `Gemma4CausalLMPreprocessor`'s audio token count: the converter's valid
 # frames over the encoder's 4x subsampling, rounded up.
@@ -80,15 +77,21 @@ def _converter(preset):
 def audio_fields(preset, backbone_class, backbone_config, tokenizer, serves_images):
     """The `config.json` fields of a preset served with audio; `{}` if none.
 
+    A preset served with images whose family reads an audio format
+    (`formats.audio_fields`, `families.part`), with an audio encoder and an
+    audio converter, is served with audio too; the family's reader may
+    still find no audio tokens.
+
     Args:
         preset: The preset.
         backbone_class: Its backbone class name.
         backbone_config: Its backbone config.
         tokenizer: Its KerasHub tokenizer.
         serves_images: Whether the preset is served with images (its model
-            class, the family's vision one, serves both).
+            class, the family's image one, serves both).
     """
-    if not serves_images or backbone_class not in ("Gemma3nBackbone", "Gemma4Backbone"):
+    formats = families.part(families.family_for_backbone(backbone_class), "formats")
+    if not serves_images or not hasattr(formats, "audio_fields"):
         return {}
     if not (
         backbone_config.get("audio_encoder_config") or backbone_config.get("audio_encoder")
@@ -97,38 +100,7 @@ def audio_fields(preset, backbone_class, backbone_config, tokenizer, serves_imag
     converter = _converter(preset)
     if converter is None:
         return {}
-    if backbone_class == "Gemma4Backbone":
-        # Its tokenizer knows the audio pieces whether or not it was built
-        # with `has_audio_tokens` (its preprocessor looks them up by name).
-        pieces = ("<|audio>", "<|audio|>", "<audio|>")
-        if any(tokenizer.id_to_token(tokenizer.token_to_id(piece)) != piece for piece in pieces):
-            return {}
-        start, token, end = pieces
-        audio = dict(
-            placeholder=token,
-            start_token=start,
-            audio_token=token,
-            end_token=end,
-            newlines="",
-            tokens_per_clip=int(backbone_config.get("num_audio_tokens_per_clip") or 750),
-            frame_stride=int(converter.stride),
-            sampling_rate=int(converter.sampling_rate),
-            max_samples=int(converter.num_samples),
-        )
-        return dict(keras_hub_audio=audio)
-    audio = dict(
-        placeholder=tokenizer.start_of_audio_token,
-        start_token=tokenizer.start_of_audio_token,
-        # The embedding processor puts the encoder's embeddings at this token.
-        audio_token=tokenizer.id_to_token(backbone_config["audio_token_id"]),
-        end_token=tokenizer.end_of_audio_token,
-        newlines="\n\n",
-        tokens_per_clip=int(backbone_config["audio_soft_tokens_per_image"]),
-        frame_stride=None,
-        sampling_rate=int(converter.sampling_rate),
-        max_samples=CONVERTER_MAX_SAMPLES,
-    )
-    return dict(keras_hub_audio=audio)
+    return formats.audio_fields(preset, backbone_config, tokenizer, converter)
 
 
 def read_audio_format(config):

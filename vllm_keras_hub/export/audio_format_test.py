@@ -118,14 +118,14 @@ def test_a_published_layout_with_its_preprocessor_config(tmp_path, family):
     TensorFlow to build, so it is written here as KerasHub writes it); the
     folder reads the same formats from the preset's own parts."""
     from vllm_keras_hub.export.preset_folder import write_model_folder
-    from vllm_keras_hub.models.audio import _audio_converter
+    from vllm_keras_hub.models.audio import audio_converter
 
     preset = build_tiny_vision_preset(str(tmp_path / "preset"), family, audio=True)
     tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
     class_name, options = PREPROCESSORS[family]
     config = dict(
         tokenizer=keras.saving.serialize_keras_object(tokenizer),
-        audio_converter=keras.saving.serialize_keras_object(_audio_converter(preset)),
+        audio_converter=keras.saving.serialize_keras_object(audio_converter(preset)),
         sequence_length=1024,
         add_start_token=True,
         add_end_token=True,

@@ -1,14 +1,12 @@
 """Drafter presets: KerasHub tasks that only propose tokens for a target.
 
-`Gemma4AssistantCausalLM` (the `gemma4_*_assistant` presets) conditions on
-a Gemma4 target's last hidden state and reads the target's KV cache. vLLM
-runs such a drafter as its `mtp` method, picked by the draft config's
-Hugging Face model type (`gemma4_assistant`, rewritten to `gemma4_mtp` by
-`SpeculativeConfig.hf_config_override`).
+A drafter task (a family's `Family.drafters`, e.g. Gemma4's assistant)
+conditions on its target's last hidden state and reads the target's KV
+cache. vLLM runs such a drafter as its `mtp` method, picked by the draft
+config's Hugging Face model type (`Drafter.model_type`).
 """
 
-# KerasHub drafter task -> the Hugging Face model type vLLM knows it by.
-DRAFTER_TASKS = {"Gemma4AssistantCausalLM": "gemma4_assistant"}
+from vllm_keras_hub import families
 
 
 def drafter_task(preset):
@@ -21,7 +19,7 @@ def drafter_task(preset):
     from vllm_keras_hub.preset import Preset
 
     task = Preset.of(preset).task_config
-    if task is None or task.get("class_name") not in DRAFTER_TASKS:
+    if task is None or task.get("class_name") not in families.DRAFTERS:
         return None
     return task["class_name"], task.get("config", {})
 
@@ -37,6 +35,6 @@ def drafter_fields(preset):
         return {}
     task, config = found
     return {
-        "keras_hub_drafter": DRAFTER_TASKS[task],
+        "keras_hub_drafter": families.DRAFTERS[task].model_type,
         "backbone_hidden_size": int(config["backbone_hidden_size"]),
     }

@@ -1,26 +1,25 @@
 """What a preset served with images needs: its format, and engine settings.
 
-A Gemma3 (`gemma3_4b` and up), Gemma3n or Gemma4 preset with a vision
-encoder, an image converter and image tokens is served with images. Its
-`config.json` carries the image format as `keras_hub_image`, read by the
-processor (`multimodal.py`) and the model class (`vision.py`):
-- `placeholder`: what a prompt writes for an image (`<start_of_image>`;
-  Gemma4: `<|image|>`);
+A preset of a family with an image model class whose preset has a vision
+encoder, an image converter and image tokens is served with images; the
+family's `formats.py` reads the format from the preset. Its `config.json`
+carries it as `keras_hub_image`, read by the processor
+(`models/multimodal.py`) and the model class (the family's `media.py`):
+- `placeholder`: what a prompt writes for an image (`None` where the image
+  comes first, unwritten);
 - `start_token`, `image_token`, `end_token`, `tokens_per_image`, `newlines`:
   what the placeholder expands to, as the family's `CausalLMPreprocessor`
   expands it: `newlines + start + image_token * tokens_per_image + end +
-  newlines`;
+  newlines` (where the count varies by image, `tokens_per_image` is the
+  most);
 - `image_size`: the side of the images vLLM profiles the encoder with;
 - `bidirectional`: which layers attend bidirectionally within each image
-  (`"all"`: Gemma3; `"sliding"`: a Gemma4 preset with
-  `use_vision_bidirectional_attention`, its sliding-window layers only;
-  `None`: causal, Gemma3n and the other Gemma4 presets; `"prefix"`:
-  PaliGemma, every layer over the image and its prompt), and `window`, the
-  sliding window.
+  (`"all"`: every layer; `"sliding"`: the sliding-window layers only;
+  `None`: causal; `"prefix"`: every layer over the image and its prompt),
+  and `window`, the sliding window.
 """
 
 from vllm_keras_hub import families
-from vllm_keras_hub.export import architectures
 from vllm_keras_hub.export.hf_config import read_media_format
 from vllm_keras_hub.preset import Preset
 
@@ -59,8 +58,8 @@ def load_image_converter(preset):
 def image_fields(preset, backbone_class, backbone_config, tokenizer):
     """The `config.json` fields of a preset served with images; `{}` if none.
 
-    A preset with no vision encoder, no image converter or no image tokens
-    (a Gemma4 tokenizer built with `has_vision_tokens=False`) serves text.
+    Each family's own `formats.image_fields` (`families.part`) reads them;
+    a family without one serves text.
 
     Args:
         preset: The preset.
@@ -68,21 +67,30 @@ def image_fields(preset, backbone_class, backbone_config, tokenizer):
         backbone_config: Its backbone config.
         tokenizer: Its KerasHub tokenizer.
     """
-    architecture = families.family_for_backbone(backbone_class).image_architecture
-    if architecture == architectures.PREFIX_LM:
-        return _prefix_lm_fields(preset, backbone_config, tokenizer)
-    if architecture == architectures.MROPE:
-        return _mrope_fields(preset, backbone_config, tokenizer)
+    formats = families.part(families.family_for_backbone(backbone_class), "formats")
+    if formats is None or not hasattr(formats, "image_fields"):
+        return {}
+    return formats.image_fields(preset, backbone_config, tokenizer)
+
+
+def gemma_image(preset, backbone_config, tokenizer):
+    """`(image, converter)`: the format fields every Gemma family writes
+    alike, and the preset's image converter; `(None, None)` for a preset
+    with no vision encoder, no image converter or no image tokens (a Gemma4
+    tokenizer built with `has_vision_tokens=False`), which serves text.
+
+    The placeholder is the start marker, expanded to `newlines + start +
+    image_token * tokens_per_image + end + newlines`, causal; the family
+    sets `tokens_per_image`, `image_size` and what differs.
+    """
     has_encoder = backbone_config.get("vision_encoder") or backbone_config.get(
         "vision_encoder_config"
     )
-    if architecture is None or not has_encoder:
-        return {}
-    if getattr(tokenizer, "image_placeholder_id", -1) in (-1, None):
-        return {}
+    if not has_encoder or getattr(tokenizer, "image_placeholder_id", -1) in (-1, None):
+        return None, None
     converter = load_image_converter(preset)
     if converter is None:
-        return {}
+        return None, None
     image = dict(
         placeholder=tokenizer.start_of_image_token,
         start_token=tokenizer.start_of_image_token,
@@ -92,114 +100,7 @@ def image_fields(preset, backbone_class, backbone_config, tokenizer):
         bidirectional=None,
         window=None,
     )
-    if backbone_class == "Gemma3Backbone":
-        encoder = backbone_config["vision_encoder"]["config"]
-        patches = (encoder["image_size"] // encoder["patch_size"]) ** 2
-        image.update(
-            tokens_per_image=patches // encoder["pool_size"] ** 2,
-            image_size=int(encoder["image_size"]),
-            bidirectional="all",
-        )
-    elif backbone_class == "Gemma3nBackbone":
-        # The processor puts the encoder's embeddings at this token.
-        image["image_token"] = tokenizer.id_to_token(backbone_config["image_token_id"])
-        image.update(
-            tokens_per_image=int(backbone_config["vision_soft_tokens_per_image"]),
-            image_size=int(backbone_config["vision_encoder_config"]["image_shape"][0]),
-        )
-    else:
-        # Every image's pooled patches, padded by its aspect ratio to the
-        # converter's `max_soft_tokens` (KerasHub's preprocessor expands
-        # `<|image|>` to `num_vision_tokens_per_image`, by default the same
-        # 280), with no newlines.
-        image.update(
-            placeholder=tokenizer.image_placeholder,
-            newlines="",
-            tokens_per_image=int(converter.max_soft_tokens),
-            image_size=int(backbone_config.get("image_size") or 896),
-        )
-        if backbone_config.get("use_vision_bidirectional_attention"):
-            image.update(
-                bidirectional="sliding",
-                window=int(backbone_config["sliding_window_size"]),
-            )
-    return dict(keras_hub_image=image)
-
-
-def _prefix_lm_fields(preset, backbone_config, tokenizer):
-    """PaliGemma: every prompt is one image and its text, the image first.
-
-    `PaliGemmaCausalLM` puts the ViT's embeddings (one per patch) before the
-    prompt's and attends over both bidirectionally. The prompt writes no
-    placeholder; the image's rows carry the `image_token` (`<image>` where
-    the vocabulary has it, else the pad token), never embedded as text.
-    """
-    if load_image_converter(preset) is None:
-        raise ValueError(
-            f"Preset '{preset}' is a PaliGemma model without an image "
-            "converter (image_converter.json); PaliGemma generates from an "
-            "image, so it cannot be served without one."
-        )
-    vocabulary = set(tokenizer.get_vocabulary())
-    image_token = "<image>" if "<image>" in vocabulary else tokenizer.pad_token
-    size = int(backbone_config["image_size"])
-    window = None
-    if backbone_config.get("use_sliding_window_attention"):
-        window = int(backbone_config["sliding_window_size"])
-    image = dict(
-        placeholder=None,
-        start_token=None,
-        image_token=image_token,
-        end_token=None,
-        newlines="",
-        tokens_per_image=(size // int(backbone_config["vit_patch_size"])) ** 2,
-        image_size=size,
-        bidirectional="prefix",
-        window=window,
-    )
-    return dict(keras_hub_image=image)
-
-
-def _mrope_fields(preset, backbone_config, tokenizer):
-    """Qwen3.5: `<|image_pad|>` expands to one per merged patch of its image.
-
-    The prompt (its chat template) writes `<|vision_start|><|image_pad|>
-    <|vision_end|>`, and `Qwen3_5CausalLMPreprocessor` repeats the pad once
-    per soft token, which varies with the image's size. The most an image
-    takes is the converter's largest square (`max_pixels`), as vLLM's own
-    Qwen3.5 bounds it; M-RoPE positions (`rope_parameters`, which vLLM reads
-    to hand the model 3 position rows) place each soft token by its row and
-    column.
-    """
-    import math
-
-    converter = load_image_converter(preset)
-    if (
-        not backbone_config.get("vision_encoder")
-        or converter is None
-        or getattr(tokenizer, "image_token_id", None) is None
-    ):
-        return {}
-    side = int(math.isqrt(int(converter.max_pixels)))
-    stride = converter.patch_size * converter.spatial_merge_size
-    image = dict(
-        placeholder=tokenizer.image_token,
-        start_token=None,
-        image_token=tokenizer.image_token,
-        end_token=None,
-        newlines="",
-        tokens_per_image=(side // stride) ** 2,
-        image_size=side,
-        bidirectional=None,
-        window=None,
-    )
-    fields = dict(keras_hub_image=image)
-    section = backbone_config.get("mrope_section")
-    if section:
-        fields["rope_parameters"] = dict(
-            rope_type="default", mrope_section=list(section), mrope_interleaved=True
-        )
-    return fields
+    return image, converter
 
 
 # Every field above: a folder exported before some of them were written

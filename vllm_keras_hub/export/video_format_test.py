@@ -9,7 +9,7 @@ import keras_hub
 import pytest
 
 from vllm_keras_hub.export.preset_folder import read_preset
-from vllm_keras_hub.export.video_format import frame_tokens
+from vllm_keras_hub.families.gemma4.video import frame_tokens
 from vllm_keras_hub.export.video_format import read_video_format
 from vllm_keras_hub.export.video_format import video_fields
 from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset

@@ -1,15 +1,22 @@
-"""Every KerasHub family vllm-keras-hub knows, one module each, in one table.
+"""Every KerasHub family vllm-keras-hub knows, one place each, in one table.
 
-A family's module (`families/<name>.py`) holds what is particular to it:
-its `Family` row (stop tokens, parallel layouts, refusal, its TextEmbedder
-and image model class), the routes that hand its attention, MoE and
-recurrent-state layers to vLLM's kernels, and its text-forward loop.
-The shared machinery stays in `layers/`. The table checks its own rows when
+A family's module (`families/<name>.py`, or its folder `families/<name>/`)
+holds what is particular to it:
+its `Family` row (stop tokens, parallel layouts, refusal, its TextEmbedder,
+drafters and image model class's name), the routes that hand its attention, MoE and
+recurrent-state layers to vLLM's kernels, and its text-forward loop. A
+family served with images, audio, video or a drafter keeps those parts in
+its folder too, as modules `part` imports on use (they import the model
+machinery, which imports this table). The shared machinery stays in
+`layers/` and `models/`. The table checks its own rows when
 it is imported (`_check`), so a row that could not be served fails at import,
 not at a request. Keyed by the backbone class a preset's `config.json` names;
 a family without a route is refused at start-up with its reason, never
 served by a slower or wrong fallback.
 """
+
+import importlib
+import importlib.util
 
 # First: the family modules import Keras, on torch.
 from vllm_keras_hub import keras_on_torch  # noqa: F401
@@ -41,6 +48,7 @@ from vllm_keras_hub.families import smollm3
 from vllm_keras_hub.families import xlm_roberta
 from vllm_keras_hub.families.family import KERAS_HUB
 from vllm_keras_hub.families.family import OURS
+from vllm_keras_hub.families.family import Drafter  # noqa: F401
 from vllm_keras_hub.families.family import Family  # noqa: F401
 from vllm_keras_hub.families.family import UnsupportedFamilyError
 
@@ -98,6 +106,29 @@ if len(_BY_BACKBONE) != len(FAMILIES) or len(_BY_NAME) != len(FAMILIES):
 ATTENTION_ROUTES = _merged("attention")
 MOE_ROUTES = _merged("moe")
 STATE_LAYERS = tuple(sorted({name for f in FAMILIES for name in f.state_layers}))
+KERNEL_READERS = _merged("kernel_readers")
+DRAFTERS = _merged("drafters")
+
+
+def part(family, name):
+    """The module `families/<family>/<name>.py`, or `None` where the family
+    has no such part.
+
+    Args:
+        family: A `Family`.
+        name: The part: `"formats"` (the media formats a model folder's
+            `config.json` records, read from the preset), `"media"` (its
+            model class served with images, audio and video), `"inputs"`
+            (what its converters give beyond pixels, and how a clip's
+            features are masked), `"video"` (its video layout), or any other
+            module of its folder.
+    """
+    module = f"{__name__}.{family.parts or family.name}.{name}"
+    try:
+        found = importlib.util.find_spec(module)
+    except ModuleNotFoundError:  # a family module, not a folder
+        return None
+    return None if found is None else importlib.import_module(module)
 
 
 def supported_families():

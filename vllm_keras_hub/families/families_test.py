@@ -130,3 +130,28 @@ def test_two_families_may_share_a_route_only_if_it_is_the_same():
     assert families.MOE_ROUTES["Gemma4MoEBlock"] is (
         families.family_by_name("gemma4").moe["Gemma4MoEBlock"]
     )
+
+
+def test_each_family_served_with_images_has_its_parts_in_its_folder():
+    """A family's image model class and its media formats are in its own
+    folder, where the shared machinery finds them (`families.part`); so is
+    each drafter's class. The table cannot import them itself: they import
+    the model machinery, which imports the table."""
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from vllm_keras_hub.export.architectures import CLASSES
+
+    with_images = [family for family in families.FAMILIES if family.image_architecture]
+    assert {family.name for family in with_images} >= {"gemma3", "gemma4", "qwen3_5"}
+    for family in with_images:
+        folder = f"vllm_keras_hub.families.{family.parts or family.name}"
+        module, name = CLASSES[family.image_architecture].split(":")
+        assert module == f"{folder}.media", family.name
+        assert families.part(family, "media") is resolve_obj_by_qualname(module)
+        assert hasattr(getattr(families.part(family, "media"), name), "embed_multimodal")
+        assert hasattr(families.part(family, "formats"), "image_fields"), family.name
+    assert families.part(families.family_by_name("llama3"), "media") is None
+    assert families.DRAFTERS
+    for task, drafter in families.DRAFTERS.items():
+        cls = resolve_obj_by_qualname(drafter.model_class.replace(":", "."))
+        assert cls.__module__.startswith("vllm_keras_hub.families."), task

@@ -16,7 +16,8 @@ class Family:
 
     Args:
         name: Short family key, e.g. `"llama3"`; its module is
-            `families/<name>.py`.
+            `families/<name>.py`, or its folder `families/<name>/` where it
+            has parts beyond this row (`families.part`).
         display_name: What users call it, e.g. `"Gemma / Gemma2"`.
         backbone: The KerasHub backbone class name presets record.
         route: Where attention reaches vLLM: `KERAS_HUB` for the serving
@@ -51,6 +52,20 @@ class Family:
             audio inputs, or a pipeline stage of a loop over its layers);
             `None` from it, or no function, runs the backbone's own graph
             (`models/text_forward.py`).
+        text_loop: `text_loop(backbone)`: whether `text_forward` runs the
+            backbone's layers as a loop of its own (so a pipeline stage
+            runs that loop over its layers, `models/pipeline.py`), not its
+            functional graph.
+        kernel_readers: Decoder block class name -> `(gate and up
+            projections, down projection)`, the MLP layers whose kernels the
+            block multiplies by itself (`layers/kernel_readers.py`).
+        drafters: Drafter task class name -> its `Drafter`: the KerasHub
+            tasks of the family that only propose tokens for a target of it
+            (`export/drafter.py`).
+        speculative_refusals: Speculative method -> why a target of the
+            family is not served with it (`speculative.py`).
+        parts: The family whose folder holds this one's parts
+            (`families.part`), where it shares another's; else its own.
     """
 
     name: str
@@ -69,3 +84,21 @@ class Family:
     state_layers: tuple[str, ...] = ()
     image_architecture: str | None = None
     text_forward: object = None
+    text_loop: object = None
+    kernel_readers: dict = dataclasses.field(default_factory=dict, hash=False)
+    drafters: dict = dataclasses.field(default_factory=dict, hash=False)
+    speculative_refusals: dict = dataclasses.field(default_factory=dict, hash=False)
+    parts: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Drafter:
+    """A drafter task: vLLM runs it as method `mtp` for a target of its family.
+
+    Args:
+        model_type: The Hugging Face model type vLLM picks its proposer by.
+        model_class: `"module:Class"`, our vLLM model class that serves it.
+    """
+
+    model_type: str
+    model_class: str

@@ -49,5 +49,7 @@ FAMILY = Family(
     },
     state_layers=qwen3_5.STATE_LAYERS,
     text_forward=qwen3_5.text_forward,
+    text_loop=qwen3_5.FAMILY.text_loop,
+    parts="qwen3_5",
     image_architecture=architectures.MROPE,
 )

@@ -1,8 +1,9 @@
 """Decoder blocks that multiply by their MLP kernels themselves.
 
-Gemma4's decoder block does not call its feed-forward layers: it reads their
+Some decoder blocks do not call their feed-forward layers: they read their
 kernels (`ops.matmul(x, self.gating_ffw.kernel)`, a KerasHub workaround for
-a graph-tracer bug). So no vLLM layer can stand under those layers' calls:
+a graph-tracer bug); each family names its own (`Family.kernel_readers`).
+So no vLLM layer can stand under those layers' calls:
 tensor parallelism slices the kernels in place (`parallel_mlp.py`), and LoRA
 adapters per request leave those layers out (`lora_linear.py`).
 
@@ -19,10 +20,10 @@ import types
 
 from keras import ops as keras_ops
 
+from vllm_keras_hub import families
+
 # Decoder block class -> (its gate and up projections, its down projection).
-BLOCKS = {
-    "Gemma4TextDecoderBlock": (("gating_ffw", "gating_ffw_2"), "ffw_linear"),
-}
+BLOCKS = families.KERNEL_READERS
 
 
 def reads_kernels(block):

@@ -92,20 +92,24 @@ class KerasHubModelLoader(BaseModelLoader):
     def create_model(self, vllm_config, model_config, prefix=""):
         """Our drafter class for a drafter preset; else vLLM's choice.
 
-        vLLM names a Gemma4 assistant's class by its architecture,
-        `Gemma4MTPModel` (`SpeculativeConfig.hf_config_override`), which is
-        its own model of Hugging Face weights.
+        vLLM names a drafter's class by its architecture (a Gemma4
+        assistant's: `Gemma4MTPModel`, `SpeculativeConfig.
+        hf_config_override`), which is its own model of Hugging Face
+        weights; the family names ours (`Family.drafters`).
         """
         if getattr(model_config.hf_config, "keras_hub_drafter", None) is None:
             return super().create_model(vllm_config, model_config, prefix)
         from vllm.model_executor.model_loader.utils import initialize_model
+        from vllm.utils.import_utils import resolve_obj_by_qualname
 
-        from vllm_keras_hub.models.gemma4_mtp import KerasHubGemma4MTP
+        from vllm_keras_hub import families
 
+        model_type = model_config.hf_config.keras_hub_drafter
+        (drafter,) = (d for d in families.DRAFTERS.values() if d.model_type == model_type)
         return initialize_model(
             vllm_config,
             prefix=prefix,
-            model_class=KerasHubGemma4MTP,
+            model_class=resolve_obj_by_qualname(drafter.model_class.replace(":", ".")),
             model_config=model_config,
         )
 

@@ -5,9 +5,9 @@ encoder cache asks `embed_multimodal` for each new image's embeddings,
 `embed_input_ids` merges them into the step's token embeddings, and
 `forward` runs the layers on those embeddings (with the step's token ids
 too: `requires_raw_input_tokens`, for Gemma3n's and Gemma4's per-layer
-inputs). `ImagesMixin` holds those calls; each family's class
-(`vision.py`, `mrope.py`, `prefix_lm.py`) gives its encoder and how its
-backbone places the embeddings. The processor is `multimodal.py`'s.
+inputs). `ImagesMixin` holds those calls; each family's class (its
+`families/<name>/media.py`) gives its encoder and how its backbone places
+the embeddings. The processor is `multimodal.py`'s.
 """
 
 from vllm_keras_hub.backend import require_torch_backend
@@ -16,21 +16,24 @@ from vllm_keras_hub.backend import require_torch_backend
 # in a fresh shell names no backend.
 require_torch_backend()
 
+import math
+
 import numpy as np
 import torch
+from vllm.model_executor.models.utils import _merge_multimodal_embeddings
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
 from vllm_keras_hub.export.audio_format import read_audio_format
 from vllm_keras_hub.export.image_format import read_image_format
 from vllm_keras_hub.export.video_format import read_video_format
 from vllm_keras_hub.layers import image_attention
+from vllm_keras_hub.layers.attention import token_embedding
 from vllm_keras_hub.layers.attention import transformer_layers
 from vllm_keras_hub.models import staged_images
 from vllm_keras_hub.models.audio import to_features
 from vllm_keras_hub.models.multimodal import KerasHubDummyInputsBuilder
 from vllm_keras_hub.models.multimodal import KerasHubMultiModalProcessor
 from vllm_keras_hub.models.multimodal import KerasHubProcessingInfo
-from vllm_keras_hub.models.video import embed_video
 
 register = MULTIMODAL_REGISTRY.register_processor(
     KerasHubMultiModalProcessor,
@@ -46,7 +49,7 @@ class ImagesMixin(staged_images.ImagesInStages):
     Listed before the causal class; a family's class gives its placeholders
     and its parts: `_encode` (the encoder on a batch of images), `_embed`
     (its input embeddings, the images in place), and where it has them
-    `_check_backbone`, `_embed_clip` and `_smallest_image`.
+    `_check_backbone`, `_embed_clip`, `_embed_videos` and `_smallest_image`.
     """
 
     takes_embeddings = True
@@ -59,7 +62,7 @@ class ImagesMixin(staged_images.ImagesInStages):
     # The same for audio and video parts, where the family takes them.
     audio_placeholder = None
     video_placeholder = None
-    # Whether each image's span runs to its prompt's end (`prefix_lm.py`).
+    # Whether each image's span runs to its prompt's end (a prefix LM's).
     prefix_lm = False
 
     @classmethod
@@ -139,12 +142,13 @@ class ImagesMixin(staged_images.ImagesInStages):
         call).
 
         Args:
-            **fields: `pixel_values` (and Gemma4's `pixel_position_ids`),
-                one row per image, from the preset's image converter
-                (`multimodal.to_pixels`); `input_features` and
-                `input_features_mask`, one per clip (`audio.to_features`);
-                or Gemma4's `video_*` fields, one per video
-                (`video.to_frames`).
+            **fields: `pixel_values` (and what else the family's
+                converter gives), one row per image, from the preset's
+                image converter (`multimodal.to_pixels`); `input_features`
+                and `input_features_mask`, one per clip
+                (`audio.to_features`); or the `video_*` fields, one per
+                video (the family's `video.to_inputs`), for the family's
+                `_embed_videos`.
 
         Returns:
             One `(tokens_per_image, hidden_size)` tensor per image,
@@ -165,14 +169,6 @@ class ImagesMixin(staged_images.ImagesInStages):
             for key, value in fields.items()
         }
         return tuple(self._encode(**fields).to(self._dtype))
-
-    def _embed_videos(self, video_pixel_values, video_pixel_position_ids, video_frame_tokens, **_):
-        return tuple(
-            embed_video(self.backbone, values, positions, count).to(self._dtype)
-            for values, positions, count in zip(
-                video_pixel_values, video_pixel_position_ids, video_frame_tokens, strict=True
-            )
-        )
 
     def _embed_clips(self, features, masks):
         return tuple(
@@ -203,3 +199,17 @@ class ImagesMixin(staged_images.ImagesInStages):
         if not has_images:
             return self._embed(input_ids, None, None)
         return self._embed(input_ids, multimodal_embeddings, is_multimodal)
+
+
+def scaled_text_embeddings(backbone, input_ids, images, is_image):
+    """Token embeddings scaled by sqrt(hidden), images merged in unscaled.
+
+    As Gemma3's backbone and PaliGemma's task compute them: `x *
+    ops.cast(ops.sqrt(hidden_dim), x.dtype)` on the text only.
+    """
+    embeddings = token_embedding(backbone)(input_ids)
+    scale = torch.tensor(math.sqrt(backbone.hidden_dim), dtype=torch.float32)
+    embeddings = embeddings * scale.to(embeddings.dtype)
+    if images is None:
+        return embeddings
+    return _merge_multimodal_embeddings(embeddings, images, is_image)

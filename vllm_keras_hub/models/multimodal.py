@@ -1,36 +1,29 @@
-"""Images and audio into a KerasHub preset through vLLM's multimodal processor.
+"""Images, audio and video into a KerasHub preset through vLLM's
+multimodal processor.
 
-vLLM's front end turns each request's images into model inputs with the
+vLLM's front end turns each request's media into model inputs with the
 model's registered processor, before the engine schedules it. Ours does
 what the preset's own `CausalLMPreprocessor` does, with the preset's own
 parts and no Hugging Face processor:
-- the preset's `ImageConverter` resizes and rescales each image (Gemma4's
-  also cuts it into patches, padded by its aspect ratio, with their
-  positions);
-- each image placeholder in the prompt expands as KerasHub expands it
-  (Gemma3, Gemma3n: `\\n\\n<start_of_image>` + one soft token per
-  embedding + `<end_of_image>\\n\\n`, the newlines merged with the text
-  around them as KerasHub's tokenizer merges them; Gemma4: `<|image>` +
-  `<|image|>` per embedding + `<image|>`) (`placeholders.py`);
+- the preset's `ImageConverter` resizes and rescales each image; a family
+  whose converter gives more (patches and their positions, a grid)
+  converts with its own `inputs.to_pixels` (`families.part`);
+- each placeholder in the prompt expands as KerasHub expands it: its start
+  marker, one soft token per embedding, its end marker, and newlines merged
+  with the text around them as KerasHub's tokenizer merges them
+  (`placeholders.py`);
 - vLLM's encoder cache, multimodal prefix-cache hashing and scheduler see
-  each image as the span of its soft tokens.
-Audio clips (Gemma3n, Gemma4) go the same way: vLLM decodes and resamples
-each clip to the converter's rate, the preset's `AudioConverter` computes
-its features (`audio.py`), and the clip's placeholder expands as the
-preprocessor expands it (Gemma3n: `\\n\\n<start_of_audio>` + its 188 soft
-tokens + `<end_of_audio>\\n\\n`; Gemma4: `<|audio>` + one `<|audio|>` per
-4 frames of the clip + `<audio|>`).
-
-Gemma4's videos are frames through the same vision encoder, each video's
-placeholder expanded to one timestamped span per frame (`video.py`).
+  each item as the span of its soft tokens.
+Audio clips go the same way: vLLM decodes and resamples each clip to the
+converter's rate, the preset's `AudioConverter` computes its features
+(`audio.py`), and the clip's placeholder expands as the preprocessor
+expands it. A video goes to its family's `video.py` (`video.py` here).
 
 `config.json` carries the image, audio and video formats
 (`export/image_format.py`, `export/audio_format.py`,
-`export/video_format.py`). The model class (`vision.py`) runs the encoders
-and merges their embeddings.
+`export/video_format.py`). The model class (the family's `media.py`) runs
+the encoders and merges their embeddings.
 """
-
-import functools
 
 import torch
 from vllm.multimodal.processing import BaseDummyInputsBuilder
@@ -39,10 +32,7 @@ from vllm.multimodal.processing.processor import BaseProcessingInfo
 from vllm.multimodal.processing.processor import PromptReplacement
 from vllm.multimodal.processing.processor import PromptUpdateDetails
 
-from vllm_keras_hub.models import patches
-from vllm_keras_hub.models.patches import image_count
-from vllm_keras_hub.models.patches import merges_patches
-from vllm_keras_hub.models.patches import to_patches
+from vllm_keras_hub.models import video as shared_video
 from vllm_keras_hub.models.placeholders import expand_placeholders
 from vllm_keras_hub.models.placeholders import media_span
 from vllm_keras_hub.models.placeholders import soft_token
@@ -52,53 +42,55 @@ from vllm_keras_hub.vllm_fixes.audio_integer_samples import scale_integer_sample
 scale_integer_samples()
 
 
-@functools.lru_cache(maxsize=4)
-def _image_converter(preset):
-    from vllm_keras_hub.backend import default_to_torch
-
-    default_to_torch()
+def image_converter(preset):
+    """The preset's image converter, read once for the served preset."""
     from vllm_keras_hub.export.image_format import load_image_converter
     from vllm_keras_hub.preset import served
 
-    return load_image_converter(served(preset))
+    return served(preset).kept(load_image_converter)
 
 
-def to_pixels(preset, images):
+def to_pixels(preset, images, image=None):
     """The preset's `ImageConverter` on `images`, as the model's inputs.
 
     Args:
         preset: The KerasHub preset.
         images: PIL images (vLLM's parsed image items).
+        image: The preset's image format, where an image of too many soft
+            tokens is to be refused (`inputs.to_pixels` of a family whose
+            images vary in soft tokens).
 
     Returns:
         A dict of tensors, one row per image: float32 `pixel_values`
-        (`(num_images, height, width, 3)`; Gemma4: `(num_images, patches,
-        3 * patch_size**2)`), and Gemma4's int32 `pixel_position_ids`
-        (`(num_images, patches, 2)`; -1 for padding).
+        (`(num_images, height, width, 3)`), or what the family's own
+        `inputs.to_pixels` gives.
     """
     import numpy as np
     from keras import ops
 
-    converter = _image_converter(preset)
-    if merges_patches(converter):
-        return to_patches(converter, images)
-    rows = []
-    for image in images:
-        pixels = np.asarray(image.convert("RGB"), "float32")
-        if _cuts_patches(converter):
-            # Gemma4's converter takes a batch (its resize reads the batch's
-            # height and width).
-            converted = converter(pixels[None])
-            rows.append({k: ops.convert_to_numpy(v)[0] for k, v in converted.items()})
-        else:
-            rows.append({"pixel_values": ops.convert_to_numpy(converter(pixels))})
-    return {key: torch.from_numpy(np.stack([row[key] for row in rows])) for key in rows[0]}
+    from vllm_keras_hub.preset import served
+
+    converter = image_converter(preset)
+    inputs = served(preset).part("inputs")
+    if hasattr(inputs, "to_pixels"):
+        return inputs.to_pixels(converter, images, image)
+    rows = [
+        ops.convert_to_numpy(converter(np.asarray(item.convert("RGB"), "float32")))
+        for item in images
+    ]
+    return {"pixel_values": torch.from_numpy(np.stack(rows))}
 
 
-def _cuts_patches(converter):
-    from keras_hub.src.models.gemma4.gemma4_image_converter import Gemma4ImageConverter
+def image_tokens(preset, image, item):
+    """An image's soft tokens, from its processed fields (vLLM's processor
+    cache keeps those, not the image), where they vary by image; else
+    `None`: every image takes the format's `tokens_per_image`."""
+    from vllm_keras_hub.preset import served
 
-    return isinstance(converter, Gemma4ImageConverter)
+    inputs = served(preset).part("inputs")
+    if not hasattr(inputs, "image_tokens"):
+        return None
+    return inputs.image_tokens(image, item, image_converter(preset))
 
 
 def clip_count(audio, fields):
@@ -232,8 +224,8 @@ class KerasHubDummyInputsBuilder(BaseDummyInputsBuilder[KerasHubProcessingInfo])
             )
         video = self.info.video
         if video is not None:
-            if video["layout"] == "qwen3_5":
-                size = patches.dummy_frame_side(video)
+            side = getattr(shared_video.layout(video), "dummy_frame_side", None)
+            size = side(video) if side else size
             videos = self._get_dummy_videos(
                 width=size,
                 height=size,
@@ -254,32 +246,24 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
 
         from vllm_keras_hub.export.audio_format import clip_tokens
         from vllm_keras_hub.models.audio import to_features
-        from vllm_keras_hub.models.video import _video_converter
-        from vllm_keras_hub.models.video import to_frames
 
         preset = self.info.get_hf_config().keras_hub_preset
         outputs = {}
         if hf_data.get("images"):
-            outputs.update(to_pixels(preset, hf_data["images"]))
-            if "image_grid_thw" in outputs:
-                merge = _image_converter(preset).spatial_merge_size
-                for grid in outputs["image_grid_thw"]:
-                    image_count(self.info.image, grid, merge)  # Raises for one too big.
+            outputs.update(to_pixels(preset, hf_data["images"], self.info.image))
         if hf_data.get("audio"):
             for clip in hf_data["audio"]:
                 clip_tokens(self.info.audio, len(clip))  # Raises for a clip too short.
             outputs.update(to_features(preset, hf_data["audio"]))
         if hf_data.get("videos"):
-            video, items = self.info.video, hf_data["videos"]
-            if video["layout"] == "qwen3_5":
-                converter = _video_converter(preset)
-                outputs.update(patches.to_video_patches(converter, video, items))
-            else:
-                outputs.update(to_frames(preset, video, items))
+            video = self.info.video
+            outputs.update(shared_video.layout(video).to_inputs(preset, video, hf_data["videos"]))
         return BatchFeature(outputs)
 
     def _get_mm_fields_config(self, hf_inputs, hf_processor_mm_kwargs):
         from vllm.multimodal.inputs import MultiModalFieldConfig
+
+        from vllm_keras_hub.preset import served
 
         def modality(key):
             if key.startswith("input_features"):
@@ -287,20 +271,13 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
             return "video" if key.startswith("video_") else "image"
 
         fields = {key: MultiModalFieldConfig.batched(modality(key)) for key in hf_inputs}
-        # Qwen3.5's images and videos: a varying number of patches each, and
-        # a timestamp per pair of frames.
-        flat = MultiModalFieldConfig.flat_from_sizes
-        if "image_grid_thw" in hf_inputs:
-            fields["pixel_values"] = flat("image", hf_inputs["image_grid_thw"].prod(-1))
-        if "video_grid_thw" in hf_inputs:
-            grids = hf_inputs["video_grid_thw"]
-            fields["video_pixel_values"] = flat("video", grids.prod(-1))
-            fields["video_timestamps"] = flat("video", grids[:, 0])
+        # Where an item is a varying number of rows (the family says).
+        inputs = served(self.info.get_hf_config().keras_hub_preset).part("inputs")
+        if hasattr(inputs, "fields_config"):
+            fields.update(inputs.fields_config(hf_inputs, MultiModalFieldConfig.flat_from_sizes))
         return fields
 
     def _get_prompt_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs):
-        from vllm_keras_hub.models.video import video_span
-
         tokenizer = self.info.get_tokenizer()
         vocab = tokenizer.get_vocab()
         preset = self.info.get_hf_config().keras_hub_preset
@@ -308,17 +285,13 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
         for modality, media in self.info.formats.items():
 
             def replacement(index, modality=modality, media=media):
-                if modality == "video":
-                    if media["layout"] == "qwen3_5":
-                        return patches.video_span(tokenizer, media, out_mm_kwargs["video"][index])
-                    return video_span(tokenizer, media, out_mm_kwargs["video"][index])
-                count = None
                 item = out_mm_kwargs[modality][index]
+                if modality == "video":
+                    return shared_video.layout(media).video_span(tokenizer, media, item)
                 if modality == "audio":
                     count = clip_count(media, item)
-                elif "image_grid_thw" in item:
-                    merge = _image_converter(preset).spatial_merge_size
-                    count = image_count(media, item["image_grid_thw"].data, merge)
+                else:
+                    count = image_tokens(preset, media, item)
                 return PromptUpdateDetails.select_token_id(
                     media_span(vocab, media, count), vocab[soft_token(media)[0]]
                 )
@@ -335,8 +308,9 @@ class KerasHubMultiModalProcessor(BaseMultiModalProcessor[KerasHubProcessingInfo
     def _apply_prompt_updates(self, token_ids, mm_prompt_updates):
         vocab = self.info.get_tokenizer().get_vocab()
         video = self.info.video
-        if video is not None and video["layout"] == "qwen3_5":
-            token_ids = patches.collapse_video_markers(token_ids, video, vocab)
+        collapse = getattr(shared_video.layout(video), "collapse_markers", None) if video else None
+        if collapse is not None:
+            token_ids = collapse(token_ids, video, vocab)
 
         def text_around(media, content):
             if "video_token" in media:

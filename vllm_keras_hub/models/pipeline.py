@@ -35,6 +35,7 @@ import dataclasses
 
 import torch
 
+from vllm_keras_hub import families
 from vllm_keras_hub.layers.attention import token_embedding
 from vllm_keras_hub.layers.attention import transformer_layers
 from vllm_keras_hub.models.text_forward import text_forward
@@ -264,16 +265,13 @@ def stage(backbone, rank=0, size=1):
 
 def _loop_path(backbone):
     # `text_forward`'s own loop over the layers (no functional graph).
-    name = type(backbone).__name__
-    if name == "Gemma4Backbone":
-        return True
-    vision = ("Gemma3Backbone", "Qwen3_5Backbone", "Qwen3_5MoeBackbone")
-    return name in vision and not backbone.text_only_model
+    family = families.family_for_backbone(type(backbone).__name__)
+    return family.text_loop is not None and family.text_loop(backbone)
 
 
 def _per_layer_width(backbone):
-    # Gemma4's per-layer inputs of all layers, which cross with the hidden
-    # states (`families/gemma4.py`, `text_forward`).
+    # Per-layer inputs of all layers (Gemma4's), which cross with the
+    # hidden states (the family's `text_forward`).
     per_layer = getattr(backbone, "hidden_size_per_layer_input", 0) or 0
     return per_layer * len(transformer_layers(backbone))
 

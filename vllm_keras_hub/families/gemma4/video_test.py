@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from vllm_keras_hub.models.video import kept_frames
-from vllm_keras_hub.models.video import to_frames
+from vllm_keras_hub.families.gemma4.video import kept_frames
+from vllm_keras_hub.families.gemma4.video import to_inputs
 from vllm_keras_hub.testing.vision_presets import build_tiny_vision_preset
 from vllm_keras_hub.testing.videos import random_video
 
@@ -29,14 +29,14 @@ def test_the_frames_kept_are_the_converters_own(preset):
     """Of 10 frames the converter keeps 4 (`linspace`, cast): the fields
     hold those frames' pixels, converted as the converter converts them,
     and their indices in the source."""
-    from vllm_keras_hub.models.video import _video_converter
+    from vllm_keras_hub.models.video import video_converter
 
     video = _format(preset)
     ten = random_video(0, frames=10, fps=3.0, stride=7)
-    fields = to_frames(preset, video, [ten])
+    fields = to_inputs(preset, video, [ten])
     kept = kept_frames(10, 4)
     assert kept == [0, 3, 6, 9]
-    alone = _video_converter(preset)._process_single_video(
+    alone = video_converter(preset)._process_single_video(
         np.asarray(ten.frames[kept], "float32")
     )
     np.testing.assert_array_equal(fields["video_pixel_values"][0], alone["pixel_values"][0])
@@ -49,7 +49,7 @@ def test_frames_that_are_not_rgb_or_indices_that_do_not_match_are_refused(preset
     video = _format(preset)
     gray = random_video(0).frames[..., 0]
     with pytest.raises(ValueError, match="frames of RGB pixels"):
-        to_frames(preset, video, [(gray, {"fps": 2.0})])
+        to_inputs(preset, video, [(gray, {"fps": 2.0})])
     frames = random_video(0).frames
     with pytest.raises(ValueError, match="gives 2 frame indices for its 4 frames"):
-        to_frames(preset, video, [(frames, {"frames_indices": [0, 1], "fps": 2.0})])
+        to_inputs(preset, video, [(frames, {"frames_indices": [0, 1], "fps": 2.0})])

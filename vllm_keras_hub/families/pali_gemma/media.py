@@ -22,10 +22,6 @@ In vLLM, a request's prefix is its one image item:
   (`entrypoints/image_first_renderer.py`), as `generate()` takes none.
 """
 
-from vllm_keras_hub.backend import require_torch_backend
-
-require_torch_backend()
-
 import dataclasses
 
 import torch
@@ -37,11 +33,11 @@ from vllm.multimodal.processing.processor import PromptInsertion
 
 from vllm_keras_hub.models.causal import KerasHubForCausalLM
 from vllm_keras_hub.models.images import ImagesMixin
+from vllm_keras_hub.models.images import scaled_text_embeddings
 from vllm_keras_hub.models.multimodal import KerasHubDummyInputsBuilder
 from vllm_keras_hub.models.multimodal import KerasHubMultiModalProcessor
 from vllm_keras_hub.models.multimodal import KerasHubProcessingInfo
 from vllm_keras_hub.models.multimodal import to_pixels
-from vllm_keras_hub.models.vision import scaled_text_embeddings
 
 # The processor's kwarg, and the item's field, carrying the prompt's ids.
 PREFIX_IDS = "keras_hub_prefix_ids"

@@ -7,7 +7,7 @@ from keras_hub.src.models.gemma4.gemma4_audio_converter import Gemma4AudioConver
 
 from vllm_keras_hub.export.audio_format import clip_tokens
 from vllm_keras_hub.export.audio_format import frame_tokens
-from vllm_keras_hub.models.audio import clip_features
+from vllm_keras_hub.families.gemma4.inputs import clip_features
 from vllm_keras_hub.testing import audio_oracle
 
 # `Gemma4AudioConverter`'s defaults, which the published and test presets

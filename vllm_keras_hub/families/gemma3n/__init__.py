@@ -113,4 +113,8 @@ FAMILY = Family(
     },
     text_forward=text_forward,
     image_architecture=architectures.GEMMA3N_VISION,
+    speculative_refusals={
+        "eagle3": "its layers pass AltUp's stack of hidden states, not the one "
+        "residual stream an EAGLE-3 head reads."
+    },
 )

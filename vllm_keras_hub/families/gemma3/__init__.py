@@ -33,6 +33,7 @@ FAMILY = Family(
     stop_tokens=("<end_of_turn>",),
     tensor_parallel=True,
     text_forward=text_forward,
+    text_loop=lambda backbone: not backbone.text_only_model,
     image_architecture=architectures.GEMMA3_VISION,
     embedder="Gemma3TextEmbedder",
 )

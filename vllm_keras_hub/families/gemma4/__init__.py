@@ -9,6 +9,7 @@ import torch
 from keras import ops
 
 from vllm_keras_hub.export import architectures
+from vllm_keras_hub.families.family import Drafter
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
 from vllm_keras_hub.layers import moe
@@ -205,5 +206,17 @@ FAMILY = Family(
         )
     },
     text_forward=text_forward,
+    text_loop=lambda backbone: True,
     image_architecture=architectures.GEMMA4_VISION,
+    # Its decoder block multiplies by its MLP's kernels (`ops.matmul(x,
+    # self.gating_ffw.kernel)`), a KerasHub workaround for a tracer bug.
+    kernel_readers={"Gemma4TextDecoderBlock": (("gating_ffw", "gating_ffw_2"), "ffw_linear")},
+    # `Gemma4AssistantCausalLM` (the `gemma4_*_assistant` presets): vLLM
+    # knows it by this model type, rewritten to `gemma4_mtp` by
+    # `SpeculativeConfig.hf_config_override`.
+    drafters={
+        "Gemma4AssistantCausalLM": Drafter(
+            "gemma4_assistant", "vllm_keras_hub.families.gemma4.mtp:KerasHubGemma4MTP"
+        )
+    },
 )

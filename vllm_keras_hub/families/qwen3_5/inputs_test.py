@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from vllm_keras_hub.export.video_format import load_video_converter
-from vllm_keras_hub.models.patches import frame_images
-from vllm_keras_hub.models.patches import image_count
-from vllm_keras_hub.models.patches import mrope_positions
-from vllm_keras_hub.models.patches import to_patches
+from vllm_keras_hub.families.qwen3_5.inputs import frame_images
+from vllm_keras_hub.families.qwen3_5.inputs import image_count
+from vllm_keras_hub.families.qwen3_5.inputs import mrope_positions
+from vllm_keras_hub.families.qwen3_5.inputs import to_pixels
 from vllm_keras_hub.testing import mrope_oracle
 from vllm_keras_hub.testing.image_oracle import image_parts
 from vllm_keras_hub.testing.images import IMAGES
@@ -78,7 +78,7 @@ def test_video_positions_are_the_preprocessors(parts, frames):
 
 def test_the_fields_are_the_converters_own(parts):
     _, converter = parts
-    fields = to_patches(converter, IMAGES)
+    fields = to_pixels(converter, IMAGES)
     grids = fields["image_grid_thw"].tolist()
     assert grids == [[1, 4, 6], [1, 8, 4], [1, 2, 10]]
     sizes = [t * h * w for t, h, w in grids]

@@ -4,7 +4,7 @@ A Qwen3.5 image is as many soft tokens as its merged patches, which vary
 with its size, and each soft token rotates its query and key by its
 image's row and column as well as its place in the text (M-RoPE):
 - the preset's own `Qwen3_5ImageConverter` cuts each image into patches,
-  and `<|image_pad|>` expands to one pad per merged patch (`patches.py`);
+  and `<|image_pad|>` expands to one pad per merged patch (`inputs.py`);
 - the preset's own `Qwen3_5VisionEncoder` embeds each image, and the
   embeddings take the pads' places, as `Qwen3_5InterleaveEmbeddings`
   places them (unscaled);
@@ -12,14 +12,10 @@ image's row and column as well as its place in the text (M-RoPE):
   height, width: `get_mrope_input_positions`), as the preprocessor
   computes them (`mrope_positions`), and continues them past the prompt
   by the returned delta; the full-attention layers rotate with KerasHub's
-  own `_apply_mrope` at those rows (`families/qwen3_5.py`).
-The Gated DeltaNet layers keep their state as in `hybrid.py`.
+  own `_apply_mrope` at those rows (its route, `__init__.py`).
+Videos are pairs of frames, each placed as an image (`video.py`). The
+Gated DeltaNet layers keep their state as in `models/hybrid.py`.
 """
-
-from vllm_keras_hub.backend import require_torch_backend
-
-# Before anything below imports Keras: plain `vllm` names no backend.
-require_torch_backend()
 
 import torch
 from vllm.model_executor.models.interfaces import SupportsMRoPE
@@ -31,10 +27,10 @@ from vllm_keras_hub.models import staged_images
 from vllm_keras_hub.models.hybrid import KerasHubHybridForCausalLM
 from vllm_keras_hub.models.images import ImagesMixin
 from vllm_keras_hub.models.images import register
-from vllm_keras_hub.models.multimodal import _image_converter
-from vllm_keras_hub.models.patches import frame_images
-from vllm_keras_hub.models.patches import mrope_positions
-from vllm_keras_hub.models.patches import to_patches
+from vllm_keras_hub.families.qwen3_5.inputs import frame_images
+from vllm_keras_hub.families.qwen3_5.inputs import mrope_positions
+from vllm_keras_hub.families.qwen3_5.inputs import to_pixels
+from vllm_keras_hub.models.multimodal import image_converter
 from vllm_keras_hub.models.probe import RouteError
 
 
@@ -50,7 +46,7 @@ class KerasHubQwen3_5VisionForCausalLM(
     requires_raw_input_tokens = False
 
     def _check_backbone(self, backbone):
-        converter = _image_converter(self.preset)
+        converter = image_converter(self.preset)
         encoder = backbone.vision_encoder
         cut = (converter.patch_size, converter.temporal_patch_size, converter.spatial_merge_size)
         taken = (encoder.patch_size, encoder.temporal_patch_size, encoder.spatial_merge_size)
@@ -79,9 +75,9 @@ class KerasHubQwen3_5VisionForCausalLM(
         # One merge window; the converter scales it up to its `min_pixels`.
         from PIL import Image
 
-        converter = _image_converter(self.preset)
+        converter = image_converter(self.preset)
         side = converter.patch_size * converter.spatial_merge_size
-        return to_patches(converter, [Image.new("RGB", (side, side))])
+        return to_pixels(converter, [Image.new("RGB", (side, side))])
 
     def embed_multimodal(self, **fields):
         """The preset's vision encoder on each image, or each video, alone.
@@ -89,8 +85,8 @@ class KerasHubQwen3_5VisionForCausalLM(
         Args:
             **fields: `pixel_values`, the images' patches one after
                 another, and `image_grid_thw`, one row per image
-                (`patches.to_patches`); or the videos' `video_pixel_values`
-                and `video_grid_thw` (`patches.to_video_patches`).
+                (`inputs.to_pixels`); or the videos' `video_pixel_values`
+                and `video_grid_thw` (`video.to_inputs`).
 
         Returns:
             One `(soft_tokens, hidden_size)` tensor per image or video.

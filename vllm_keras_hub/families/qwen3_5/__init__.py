@@ -134,5 +134,6 @@ FAMILY = Family(
     attention={"Qwen3_5Attention": Route(attention)},
     state_layers=STATE_LAYERS,
     text_forward=text_forward,
+    text_loop=lambda backbone: not backbone.text_only_model,
     image_architecture=architectures.MROPE,
 )
