@@ -256,7 +256,7 @@ def _refusals(shared, assistant):
         "not an assistant": (
             shared.preset("gemma4"),
             dict(speculative_config={**spec, "model": f"keras_hub:{shared.preset('gemma4')}"}),
-            "needs an assistant preset (a `Gemma4AssistantCausalLM`)",
+            "needs an assistant preset",
         ),
         "no assistant": (
             shared.preset("gemma4"),

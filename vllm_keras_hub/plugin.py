@@ -9,15 +9,18 @@ built (see `backend.py` for why that matters).
 
 
 def register():
-    """Registers our config type, model class, load format and tokenizer mode.
+    """Registers our config type, model classes and their config check, load
+    format and tokenizer mode.
 
     Re-entrant: vLLM may call it more than once in a process.
     """
     from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
     from vllm.renderers.registry import RENDERER_REGISTRY
     from vllm.tokenizers.registry import TokenizerRegistry
 
     from vllm_keras_hub import backend
+    from vllm_keras_hub.entrypoints.verify import KerasHubConfigCheck
     from vllm_keras_hub.export import architectures
     from vllm_keras_hub.export import hf_config as config
 
@@ -35,6 +38,11 @@ def register():
     for former, architecture in architectures.FORMER.items():
         if former not in supported:
             ModelRegistry.register_model(former, architectures.CLASSES[architecture])
+    # Each config vLLM builds for our classes is checked as it is built.
+    for architecture in (*architectures.CLASSES, *architectures.FORMER):
+        module = getattr(ModelRegistry.models.get(architecture), "module_name", "")
+        if module.startswith("vllm_keras_hub."):
+            MODELS_CONFIG_MAP.setdefault(architecture, KerasHubConfigCheck)
     # For tokenizers that cannot be exported exactly: keras-hub's own adapter,
     # through a module that first makes Keras use torch. The former mode
     # name only where keras-hub's plugin has not registered its own.

@@ -1,8 +1,8 @@
 """Engine settings for a KerasHub preset: the defaults we set and the checks.
 
 One sequence for every way in: `serve` and `KerasHubLLM` call `settle`
-before the engine starts, and the model classes call `check` again, for
-plain `vllm` commands, which reach them with neither. A setting under which
+before the engine starts, and `verify` checks vLLM's own config wherever
+vLLM builds one and in each worker, plain `vllm` commands included. A setting under which
 the preset would not be served exactly is refused here, with the reason;
 the checks of images, parallel layouts and hybrid state are in
 `image_settings.py`, `parallel_settings.py` and `hybrid_settings.py`.
@@ -244,6 +244,26 @@ def chat_parser_flags(folder, values):
     ):
         updates["reasoning_parser"] = folder.reasoning_parser
     return updates
+
+
+def verify(vllm_config):
+    """Raises for the engine's settings where its KerasHub model folder
+    cannot be served exactly: `check`, and `check_embedder_settings` for
+    an embedder, on vLLM's own config.
+
+    vLLM calls it as it builds the config (`entrypoints/verify.py`), in the
+    front end of every way in, plain `vllm` commands included; the model
+    class calls it again in each worker, on the config it was given.
+    """
+    from vllm_keras_hub import families
+    from vllm_keras_hub.export.image_format import read_image_format
+
+    hf_config = vllm_config.model_config.hf_config
+    values = engine_values(vllm_config)
+    check(families.family_by_name(hf_config.keras_hub_family), read_image_format(hf_config), values)
+    embedder = getattr(hf_config, "keras_hub_embedder", None)
+    if embedder is not None:
+        check_embedder_settings(embedder["task"], values)
 
 
 def engine_values(vllm_config):

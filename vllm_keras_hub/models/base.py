@@ -103,8 +103,8 @@ class KerasHubBase(nn.Module):
         hf_config = vllm_config.model_config.hf_config
         self.family = families.family_by_name(hf_config.keras_hub_family)
         families.family_for_backbone(self.family.backbone, hf_config.keras_hub_preset)
-        # Plain vLLM reaches here without `KerasHubLLM`'s or `serve`'s check.
-        settings.check(self.family, self.image, settings.engine_values(vllm_config))
+        # The config this worker was given, as vLLM's config hook checked it.
+        settings.verify(vllm_config)
         # Before vLLM's first (compiled) call, which loads a saved compile.
         apply_for_model(KerasHubBase, vllm_config)
         self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(

@@ -50,16 +50,14 @@ class Projection(nn.Module):
 
 class EmbeddingMixin:
     """vLLM's pooler over the last hidden states, as the preset's embedder
-    pools them; its settings checked first (no adapters, drafts or stages)."""
+    pools them (its settings checked by the base, `settings.verify`: no
+    adapters, drafts or stages)."""
 
     is_pooling_model = True
 
     def __init__(self, *, vllm_config, prefix=""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.embedder = vllm_config.model_config.hf_config.keras_hub_embedder
-        settings.check_embedder_settings(
-            self.embedder["task"], settings.engine_values(vllm_config)
-        )
         self.encoder_only = self.embedder["bidirectional"]
         limit = self.embedder["max_tokens"]
         max_model_len = vllm_config.model_config.max_model_len
