@@ -23,7 +23,6 @@ from vllm.model_executor.layers.pooler.special import DispatchPooler
 
 from vllm.model_executor.models.interfaces import SupportsPP
 
-from vllm_keras_hub import settings
 from vllm_keras_hub.models.base import KerasHubBase
 from vllm_keras_hub.models.base import compiled
 
