@@ -29,8 +29,8 @@ def to_inputs(preset, video, items):
     Args:
         preset: The KerasHub preset.
         video: The preset's `keras_hub_video` format.
-        items: vLLM's parsed videos: `(frames, metadata)` pairs (as
-            the Gemma4 layout takes them).
+        items: vLLM's parsed videos: `(frames, metadata)` pairs
+            (`models/video.checked_frames`).
 
     Returns:
         `video_pixel_values`, every video's patches one after another,
