@@ -2,17 +2,20 @@
 
 One sequence for every way in: `serve` and `KerasHubLLM` call `settle`
 before the engine starts, and `verify` checks vLLM's own config wherever
-vLLM builds one and in each worker, plain `vllm` commands included. A setting under which
-the preset would not be served exactly is refused here, with the reason;
-the checks of images, parallel layouts and hybrid state are in
-`image_settings.py`, `parallel_settings.py` and `hybrid_settings.py`.
+vLLM builds one and in each worker, plain `vllm` commands included. A
+setting under which the preset would not be served exactly is refused
+here, with the reason; the checks of images, parallel layouts and hybrid
+state are in `image_settings.py`, `parallel_settings.py` and
+`hybrid_settings.py`.
 """
 
 import os
 
+from vllm_keras_hub import families
 from vllm_keras_hub import speculative
 from vllm_keras_hub.export import architectures
 from vllm_keras_hub.export.image_format import needs_whole_images
+from vllm_keras_hub.export.image_format import read_image_format
 from vllm_keras_hub.hybrid_settings import UnsupportedHybridConfigError  # noqa: F401
 from vllm_keras_hub.hybrid_settings import check_hybrid_settings
 from vllm_keras_hub.image_settings import UnsupportedImageServingError  # noqa: F401
@@ -255,12 +258,10 @@ def verify(vllm_config):
     front end of every way in, plain `vllm` commands included; the model
     class calls it again in each worker, on the config it was given.
     """
-    from vllm_keras_hub import families
-    from vllm_keras_hub.export.image_format import read_image_format
-
     hf_config = vllm_config.model_config.hf_config
     values = engine_values(vllm_config)
-    check(families.family_by_name(hf_config.keras_hub_family), read_image_format(hf_config), values)
+    family = families.family_by_name(hf_config.keras_hub_family)
+    check(family, read_image_format(hf_config), values)
     embedder = getattr(hf_config, "keras_hub_embedder", None)
     if embedder is not None:
         check_embedder_settings(embedder["task"], values)
