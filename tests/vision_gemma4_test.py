@@ -98,7 +98,7 @@ def test_each_image_is_encoded_by_its_own_grid(llm, preset):
     aspect ratios encoded together fail (or, where the indices stay in
     range, pool the narrower one wrongly), so its `generate()` fails on a
     prompt with such images. The served model encodes each image alone
-    (`vision.py`), as `generate()` does a prompt's one image."""
+    (`families/gemma4/media.py`), as `generate()` does a prompt's one image."""
     narrow, wide = IMAGES[1], IMAGES[2]
     encoder = served_model(llm).backbone.vision_encoder
     pixels = to_pixels(preset, [narrow, wide])

@@ -160,7 +160,7 @@ def test_both_ways_over_the_image_alone_would_be_wrong(llm, expected, monkeypatc
     model = served_model(llm)
     image_id = llm.get_tokenizer().get_vocab()["<image>"]
     # The image attention then takes the `<image>` rows alone
-    # (`embed_input_ids` in `models/vision.py`).
+    # (`embed_input_ids` in `models/images.py`).
     monkeypatch.setattr(model, "_image_token_ids", torch.tensor([image_id]))
     before = collections.Counter(image_attention.ATTENDED_ROWS)
     llm.reset_prefix_cache()

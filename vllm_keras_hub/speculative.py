@@ -8,7 +8,7 @@ writes its model folder and points the speculative config at it, and vLLM
 builds our model class for it under the `draft_model` prefix. `eagle3`
 runs a published EAGLE-3 head on the target's aux hidden states
 (`layers/eagle3.py`). `mtp` runs a Gemma4 assistant preset for a Gemma4
-target (`models/gemma4_mtp.py`).
+target (`families/gemma4/mtp.py`).
 
 What vLLM 0.32 does that decides the rest:
 - Drafters load with the target's load config (`get_draft_load_config`;

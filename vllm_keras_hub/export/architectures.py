@@ -21,9 +21,9 @@ EMBEDDING = "KerasHubTorchForEmbedding"
 GEMMA3_VISION = "KerasHubTorchGemma3VisionForCausalLM"
 GEMMA3N_VISION = "KerasHubTorchGemma3nVisionForCausalLM"
 GEMMA4_VISION = "KerasHubTorchGemma4VisionForCausalLM"
-# Prompts are prefixes, image first (`models/prefix_lm.py`).
+# Prompts are prefixes, image first (`families/pali_gemma/media.py`).
 PREFIX_LM = "KerasHubTorchPaliGemmaForCausalLM"
-# Images placed by M-RoPE positions (`models/mrope.py`).
+# Images placed by M-RoPE positions (`families/qwen3_5/media.py`).
 MROPE = "KerasHubTorchQwen3_5VisionForCausalLM"
 
 _MODELS = "vllm_keras_hub.models"

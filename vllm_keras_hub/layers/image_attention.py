@@ -68,7 +68,7 @@ def set_step(is_multimodal, spans_end_prompts=False):
     Args:
         is_multimodal: `(num_tokens,)` bool, or `None` for a text-only step.
         spans_end_prompts: Whether an image's span may end its prompt
-            (PaliGemma's spans the whole prompt, `models/prefix_lm.py`).
+            (PaliGemma's spans the whole prompt, `families/pali_gemma/media.py`).
     """
     is_image = None
     if is_multimodal is not None and bool(is_multimodal.any()):

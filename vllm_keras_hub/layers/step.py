@@ -49,7 +49,7 @@ class Step:
         aux_hidden: The step's EAGLE-3 aux hidden states, appended by the
             tapped transformer layers in layer order (`eagle3.py`), or `None`.
         mrope_positions: `(3, num_tokens)` M-RoPE positions (temporal,
-            height, width) of a model that takes them (`models/mrope.py`),
+            height, width) of a model that takes them (`families/qwen3_5/media.py`),
             or `None`.
         routed: The step's `Routed`, or `None` outside a step.
     """

@@ -321,13 +321,13 @@ class KerasHubBase(nn.Module):
         Args:
             input_ids: `(num_tokens,)` token ids of all scheduled requests.
             positions: `(num_tokens,)` absolute position of each token, or
-                `(3, num_tokens)` M-RoPE positions (`mrope.py`), which the
-                attention routes read from the step; the rest of the step
-                sees their first row.
+                `(3, num_tokens)` M-RoPE positions (`families/qwen3_5/
+                media.py`), which the attention routes read from the step;
+                the rest of the step sees their first row.
             intermediate_tensors: The previous stage's `hidden_states`, on
                 every stage but the first.
             inputs_embeds: `(num_tokens, hidden_size)` embeddings in place
-                of `input_ids`, for presets served with images (`vision.py`).
+                of `input_ids`, for presets served with images (`images.py`).
 
         Returns:
             `(num_tokens, hidden_size)` final hidden states on the last

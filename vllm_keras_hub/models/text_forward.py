@@ -26,7 +26,7 @@ def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidd
             cuts the others.
         hidden: The hidden states entering layer `start`; at layer 0, the
             input embeddings of a preset served with images, images merged
-            in (`vision.py`). Gemma4 then needs `token_ids` zero at its
+            in (`images.py`). Gemma4 then needs `token_ids` zero at its
             image tokens, as its graph makes them for its per-layer inputs.
             A Gemma4 stage after the first takes its per-layer inputs
             beside the hidden states.

@@ -19,7 +19,8 @@ def batch_prompts(placeholder):
 
     The two-image prompt's images have the same size: KerasHub 0.32's Gemma4
     pools a batch of images by the widest one's grid, so its `generate()`
-    is only exact for images of one size at a time (`vision.py`).
+    is only exact for images of one size at a time (`families/gemma4/
+    media.py`).
     """
     return [
         (f"a {placeholder} caption", [IMAGES[0]]),

@@ -1,7 +1,7 @@
 """PaliGemma: vision-language, prefix-LM, on keras-hub's Gemma route.
 
 Every prompt is an image and its text, attended bidirectionally; the output
-causally (`models/prefix_lm.py`).
+causally (`media.py`).
 """
 
 from keras import ops
@@ -12,7 +12,7 @@ from vllm_keras_hub.families.family import Family
 
 def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidden=None):
     # `PaliGemmaCausalLM.call_with_cache`: the given embeddings (prefixes,
-    # images first, from `prefix_lm.py`) or the scaled token embeddings,
+    # images first, from `media.py`) or the scaled token embeddings,
     # the layers, the final norm. Their masks are vLLM's attention's.
     x = hidden
     if x is None:

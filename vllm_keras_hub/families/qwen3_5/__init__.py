@@ -2,7 +2,7 @@
 
 The GDN layers keep their state in vLLM's state cache
 (`layers/state_routes.py`); every 4th layer attends. With images, the
-attention rotates at M-RoPE positions (`models/mrope.py`).
+attention rotates at M-RoPE positions (`media.py`).
 """
 
 from keras import ops
@@ -23,7 +23,7 @@ def attention(layer, hidden_states, positions):
     # projection carries a per-head output gate beside each head's query;
     # q/k RMSNorm, then RoPE on the first `rotary_dim` features only. The
     # window as for Qwen3 (`unfused_window`). Where the step has M-RoPE
-    # positions (images: `models/mrope.py`), the layer's own `_apply_mrope`
+    # positions (images: `media.py`), the layer's own `_apply_mrope`
     # at them, as `_apply_partial_rope` with `position_ids`.
     mrope = step.current().mrope_positions
     if mrope is not None and layer.mrope_section is not None:

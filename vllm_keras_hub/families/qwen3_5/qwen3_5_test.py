@@ -8,7 +8,7 @@ from vllm_keras_hub.layers import step
 from vllm_keras_hub.families.qwen3_5 import mrope_cos_sin
 from vllm_keras_hub.families.qwen3_5 import mrope_rotate
 
-# `(temporal, height, width)` rows of 11 tokens, as `models/mrope.py` gives
+# `(temporal, height, width)` rows of 11 tokens, as `media.py` gives
 # them: two text tokens, a 2x3 image at position 2 (its rows and columns in
 # the second and third rows), the text after it from 2 + 3, and two tokens
 # far out, one with three different rows.
