@@ -9,6 +9,7 @@ import torch
 from vllm import SamplingParams
 
 from vllm_keras_hub import families
+from vllm_keras_hub.layers import moe
 from vllm_keras_hub.models.probe import RouteError
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
@@ -48,7 +49,8 @@ def test_moe_block_that_routes_as_another_fails_the_step(tmp_path):
         model = served_model(llm)
         # Block 1 hands its tokens to block 0's experts: two calls for two
         # blocks, which a count alone would pass.
-        model.moe_blocks[1]._vllm_moe_index = 0
+        first, second = model.moe_blocks
+        setattr(second, moe.EXPERTS, getattr(first, moe.EXPERTS))
         with pytest.raises(RouteError, match="2 expert calls to vLLM in this step for 2 MoE blocks"):
             llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm=False)
 

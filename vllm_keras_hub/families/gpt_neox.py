@@ -4,13 +4,13 @@ KerasHub's own cached decode rotates the query at position 0 (`attention`).
 """
 
 from keras import ops
-from keras_hub.src.vllm.attention import vllm_paged_attention
 
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
 from vllm_keras_hub.layers.attention_routes import OUTPUT_AND_CACHE
 from vllm_keras_hub.layers.attention_routes import Route
 from vllm_keras_hub.layers.attention_routes import partial_rotary
+from vllm_keras_hub.layers.paged_attention import paged_attention
 
 
 def attention(layer, hidden_states, positions):
@@ -28,8 +28,8 @@ def attention(layer, hidden_states, positions):
     def rotate(x):
         return partial_rotary(layer.rotary_embedding_layer, x, layer.rotary_dim, positions)
 
-    output = vllm_paged_attention(
-        rotate(query), rotate(key), value, layer._inv_norm_factor
+    output = paged_attention(
+        layer, rotate(query), rotate(key), value, layer._inv_norm_factor
     )
     num_tokens = ops.shape(hidden_states)[0]
     output = ops.reshape(output, (num_tokens, 1, -1))

@@ -8,6 +8,7 @@ rest of the serving path is shared. Only the instances of one loaded
 backbone get a route; keras-hub's classes are never modified.
 """
 
+import functools
 import types
 
 from keras import ops
@@ -55,14 +56,13 @@ def token_embedding(backbone):
 ROUTES = families.ATTENTION_ROUTES
 
 
-def _compute_vllm_attention(self, hidden_states, cache, vllm_context):
-    """The route every installed layer takes while vLLM serves.
+def _compute_vllm_attention(self, route, hidden_states, cache, vllm_context):
+    """The route every installed layer takes while vLLM serves: `route`,
+    bound at install.
 
-    Named like keras-hub's own routes: the serving model finds the routing
-    layer as `self` of the `_compute_vllm_attention` frame.
+    Named as keras-hub's own routes are, which the start-up probe wraps.
     """
     positions = ops.reshape(vllm_context.positions, (-1, 1))
-    route = ROUTES[type(self).__name__]
     output = route.forward(self, hidden_states, positions)
     if route.returns == OUTPUT_WEIGHTS_AND_CACHE:
         return output, None, cache
@@ -90,6 +90,17 @@ def _routed_call(self, *args, **kwargs):
     return type(self).call(self, *args, **kwargs)
 
 
+def routing_layers(transformer_layers):
+    """Every sublayer of `transformer_layers` with a route to vLLM, in
+    order: ours, once installed, or keras-hub's own."""
+    return [
+        layer
+        for transformer_layer in transformer_layers
+        for layer in transformer_layer._flatten_layers(include_self=False)
+        if hasattr(layer, "_compute_vllm_attention")
+    ]
+
+
 def _attention_layer(transformer_layer):
     """The one sublayer of `transformer_layer` that has a route in `ROUTES`.
 
@@ -105,7 +116,7 @@ def _attention_layer(transformer_layer):
         return None
     if len(found) != 1:
         raise ValueError(
-            f"Expected one attention layer with a route in "
+            f"Expected one attention layer with a route to vLLM in "
             f"{transformer_layer.name}, found "
             f"{[type(layer).__name__ for layer in found]}."
         )
@@ -156,8 +167,8 @@ def install(backbone, family, kv_sharing_targets=None):
             )
         if route.sliding_window is not None:
             layer._vllm_sliding_window = route.sliding_window(transformer_layer, layer)
-        layer._compute_vllm_attention = types.MethodType(
-            _compute_vllm_attention, layer
+        layer._compute_vllm_attention = functools.partial(
+            _compute_vllm_attention, layer, route
         )
         layer.call = types.MethodType(_routed_call, layer)
 

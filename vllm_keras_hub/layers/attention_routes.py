@@ -3,19 +3,18 @@
 A route (one per KerasHub attention-layer class, in its family's module under
 `families/`) mirrors its layer's own `call`: the layer's own projections, its
 own rotary layer at vLLM's per-token positions, unexpanded K/V with the
-layer's own scale, sliding window, soft cap, ALiBi slopes or sinks into
-keras-hub's `vllm_paged_attention`, then the layer's own output projection.
+layer's own scale, sliding window, soft cap, ALiBi slopes or sinks to the
+layer's own kernel (`paged_attention.py`), then its own output projection.
 Each takes `(layer, hidden_states, positions)`, positions shaped
 `(num_tokens, 1)`. `layers/attention.py` installs them.
 """
 
 import dataclasses
-import functools
 
 from keras import ops
 from keras_hub.src.utils.keras_utils import fused_attention_op_available
-from keras_hub.src.vllm.attention import vllm_paged_attention
-from keras_hub.src.vllm.context import get_vllm_context
+
+from vllm_keras_hub.layers.paged_attention import paged_attention
 
 # What an attention layer's `call` returns, as its decoder unpacks it.
 OUTPUT = "output"  # and `(output, cache)` where a cache is passed
@@ -49,42 +48,6 @@ class Route:
     sliding_window: object = None
 
 
-def paged_attention(
-    query,
-    key,
-    value,
-    scale,
-    num_kv_heads=None,
-    sliding_window=None,
-    soft_cap=None,
-    **options,
-):
-    """keras-hub's `vllm_paged_attention`, with options it does not forward.
-
-    The bridge hands `paged_attention_func` only `sliding_window` and
-    `soft_cap` (always, so those two must go through the bridge: bound here
-    they would be overridden). For this one call, `options` (e.g.
-    `alibi_slopes`, `sinks`, `kv_sharing_target`) are bound onto the
-    context's function, so the bridge's own cache bookkeeping and reshapes
-    stay the only ones.
-    """
-    context = get_vllm_context()
-    paged_attention_func = context.paged_attention_func
-    context.paged_attention_func = functools.partial(paged_attention_func, **options)
-    try:
-        return vllm_paged_attention(
-            query,
-            key,
-            value,
-            scale,
-            num_kv_heads=num_kv_heads,
-            sliding_window=sliding_window,
-            soft_cap=soft_cap,
-        )
-    finally:
-        context.paged_attention_func = paged_attention_func
-
-
 def partial_rotary(rotary, x, rotary_dim, positions):
     """`rotary` at per-token `positions` on the first `rotary_dim` features."""
     if rotary_dim >= x.shape[-1]:
@@ -116,18 +79,17 @@ def attend(layer, query, key, value, sliding_window=None, **options):
         layer: The attention layer (`_inv_norm_factor`, `num_key_value_heads`).
         query, key, value: Its projected (and rotated) heads.
         sliding_window: The window as vLLM counts it, query included.
-        **options: What `paged_attention` binds (e.g. `sinks`).
+        **options: The kernel's other options (e.g. `sinks`).
     """
-    attention = functools.partial(paged_attention, **options) if options else (
-        vllm_paged_attention
-    )
-    return attention(
+    return paged_attention(
+        layer,
         query,
         key,
         value,
         layer._inv_norm_factor,
         num_kv_heads=layer.num_key_value_heads,
         sliding_window=sliding_window,
+        **options,
     )
 
 
@@ -150,8 +112,13 @@ def multi_head(layer, hidden_states, positions):
     query = layer._query_dense(hidden_states)
     key = layer._key_dense(hidden_states)
     value = layer._value_dense(hidden_states)
-    output = vllm_paged_attention(
-        query, key, value, layer._inverse_sqrt_key_dim, num_kv_heads=layer._num_heads
+    output = paged_attention(
+        layer,
+        query,
+        key,
+        value,
+        layer._inverse_sqrt_key_dim,
+        num_kv_heads=layer._num_heads,
     )
     return layer._output_dense(output)
 
@@ -160,6 +127,7 @@ def alibi_attention(layer, hidden_states, dense_layers):
     # Multi-head attention with biases whose ALiBi slopes go to vLLM.
     query_dense, key_dense, value_dense, output_dense = dense_layers
     output = paged_attention(
+        layer,
         query_dense(hidden_states),
         key_dense(hidden_states),
         value_dense(hidden_states),
@@ -173,9 +141,8 @@ def alibi_attention(layer, hidden_states, dense_layers):
 
 
 def kv_placeholder(query, num_kv_heads):
-    # keras-hub's bridge reads the KV head count from `key` and reshapes K/V;
-    # a KV-sharing layer's vLLM `Attention` reads the target's cache instead,
-    # and the serving model hands it no K/V at all.
+    # The kernel's caller reads the KV head count from `key`; a KV-sharing
+    # layer's kernel reads its target's cache instead and takes no K/V.
     return ops.zeros_like(query[:, :, :num_kv_heads, :])
 
 

@@ -1,12 +1,14 @@
+import contextlib
+
 import keras
 import keras_hub
 import numpy as np
 import pytest
 import torch
-from keras_hub.src.vllm.context import vllm_context_scope
 
 from vllm_keras_hub.families import phi3
 from vllm_keras_hub.layers import attention
+from vllm_keras_hub.layers import paged_attention as paged
 from vllm_keras_hub.layers import state_routes
 from vllm_keras_hub.layers import step
 from vllm_keras_hub.layers.attention import transformer_layers
@@ -34,10 +36,41 @@ def tiny_backbone(family, seed=0):
     return getattr(keras_hub.models, backbone_name)(**backbone_kwargs(family, 64))
 
 
-def kv_caches(backbone):
-    """One cache per layer for `reference_attention`: a shared K/V store."""
+def stand_in_kernels(layers, paged_attention):
+    """A kernel per attending layer of `layers`, answered by `paged_attention`.
+
+    `paged_attention` is called as keras-hub's bridge calls its function,
+    with a cache `(store, index)` per layer, `index` its call order: a K/V
+    store shared by the layers, for `reference_attention`.
+    """
     store = {}
-    return [(store, index) for index in range(len(transformer_layers(backbone)))]
+
+    def kernel(index):
+        def attend(query, key, value, *args, **kwargs):
+            return paged_attention((store, index), query, key, value, *args, **kwargs)[1]
+
+        return attend
+
+    return [kernel(index) for index in range(len(attention.routing_layers(layers)))]
+
+
+@contextlib.contextmanager
+def serving_step(backbone, paged_attention, num_tokens):
+    """A serving step's context, attention answered by `paged_attention`.
+
+    Each attending layer holds its stand-in kernel (keras-hub's own routes
+    reach it through its bridge); a hybrid backbone's Gated DeltaNet layers
+    run their own `call` on the sequence.
+    """
+    layers = transformer_layers(backbone)
+    kernels = stand_in_kernels(layers, paged_attention)
+    paged.bind(attention.routing_layers(layers), kernels)
+    for _, layer in state_routes.install(layers):
+        setattr(layer, state_routes.STATE, whole_sequence_state)
+    with paged.serving(kernels, torch.arange(num_tokens)), step.scope(
+        routed=step.Routed()
+    ):
+        yield
 
 
 def reference_attention(
@@ -121,12 +154,7 @@ def served_hidden_states(backbone, paged_attention, token_ids=None):
     if token_ids is None:
         token_ids = np.arange(1, NUM_TOKENS + 1)
     num_tokens = len(token_ids)
-    state_routes.install(transformer_layers(backbone))
-    with vllm_context_scope(
-        paged_attention_func=paged_attention,
-        positions=torch.arange(num_tokens),
-        kv_caches=kv_caches(backbone),
-    ), step.scope(states=whole_sequence_state):
+    with serving_step(backbone, paged_attention, num_tokens):
         return hidden_states(
             backbone, np.asarray(token_ids)[:, None], np.arange(num_tokens)[:, None]
         )

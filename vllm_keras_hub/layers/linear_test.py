@@ -6,7 +6,6 @@ import keras
 import pytest
 import torch
 from keras import ops
-from keras_hub.src.vllm.context import vllm_context_scope
 
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.direct_calls_test import serving_step
@@ -307,6 +306,7 @@ def test_gemma4_blocks_multiply_by_their_packed_mlp_kernels(family):
     no graph break: `model_test.py`'s parity runs compile with
     `fullgraph`)."""
     from vllm_keras_hub.layers import attention
+    from vllm_keras_hub.layers import attention_test
     from vllm_keras_hub.layers.attention_test import family_of
     from vllm_keras_hub.layers.attention_test import tiny_backbone
     from vllm_keras_hub.layers.kernel_readers import BLOCKS
@@ -319,11 +319,7 @@ def test_gemma4_blocks_multiply_by_their_packed_mlp_kernels(family):
             return cache, query * value.mean() + key.mean()
 
         token_ids = torch.arange(1, 8).reshape(-1, 1)
-        with vllm_context_scope(
-            paged_attention_func=paged_attention,
-            positions=torch.arange(7),
-            kv_caches=[None] * len(backbone.transformer_layers),
-        ):
+        with attention_test.serving_step(backbone, paged_attention, 7):
             return backbone(
                 {
                     "token_ids": token_ids,

@@ -57,6 +57,28 @@ class MoESpec:
     expert_weights_class: type | None = None
 
 
+# The attribute a routed MoE block keeps its experts in, as
+# `experts(hidden_states, routing)`.
+EXPERTS = "_vllm_experts"
+
+
+class Served:
+    """A block's `FusedMoE` runner, as a served step calls it.
+
+    Args:
+        runner: What `build` returned, loaded.
+        index: The block's index among the model's routed blocks.
+    """
+
+    def __init__(self, runner, index):
+        self.runner = runner
+        self.index = index
+
+    def __call__(self, hidden_states, routing):
+        step.current().routed.moe.append(self.index)
+        return self.runner(hidden_states, routing)
+
+
 def fused_experts(block, hidden_states, routing):
     """The experts of `block` on `hidden_states`, combined by `routing`.
 
@@ -66,13 +88,13 @@ def fused_experts(block, hidden_states, routing):
         routing: `(tokens, experts)` routing weights, zero where a token
             does not use an expert.
     """
-    experts = step.current().experts
-    if experts is None:
+    experts = getattr(block, EXPERTS, None)
+    if experts is None or step.current().routed is None:
         raise RuntimeError(
             f"{block.name}'s experts run on vLLM's fused MoE and Keras's copy "
             "of their weights is freed: the block runs only in a served step."
         )
-    return experts(block, hidden_states, routing)
+    return experts(hidden_states, routing)
 
 
 def _chosen_experts(

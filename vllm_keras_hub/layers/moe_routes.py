@@ -92,7 +92,7 @@ def build_experts(blocks, prefix, dtype, weights):
         weights: The backbone's `PresetWeights`.
 
     Returns:
-        The `MoERunner`s, one per block; each block records its index.
+        The `MoERunner`s, one per block, each bound to its block.
     """
     from vllm.logger import init_logger
 
@@ -107,7 +107,7 @@ def build_experts(blocks, prefix, dtype, weights):
         )
         moe.load(runner, route.weights(block, weights.read))
         weights.release(route.variables(block))
-        block._vllm_moe_index = index
+        setattr(block, moe.EXPERTS, moe.Served(runner, index))
         runners.append(runner)
     if runners:
         init_logger(__name__).info(

@@ -126,10 +126,13 @@ def test_route_gives_the_blocks_own_output(vllm_config, family, dtype):
         # The class's own `call`: every expert for every token.
         expected = first_output(type(block).call(block, *inputs))
         runner = served_block(vllm_config, block, dtype)
+        setattr(block, moe.EXPERTS, moe.Served(runner, 0))
+        routed = step.Routed()
         with set_current_vllm_config(vllm_config), set_forward_context(
             None, vllm_config
-        ), step.scope(experts=lambda b, x, routing: runner(x, routing)):
+        ), step.scope(routed=routed):
             served = first_output(block(*inputs))
+    assert routed.moe == [0]
     assert served.shape == expected.shape and served.dtype == expected.dtype
     # The experts contribute (as initialised, Gemma4's would give zeros).
     assert float(expected.abs().max()) > 1e-3

@@ -30,6 +30,7 @@ from vllm_keras_hub.layers import parallel_mlp
 from vllm_keras_hub.layers import parallel_state
 from vllm_keras_hub.layers import state_routes
 from vllm_keras_hub.layers import vocab_parallel
+from vllm_keras_hub.layers.attention import routing_layers
 from vllm_keras_hub.loading import heap
 from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
 
@@ -99,11 +100,7 @@ def _cut_per_head(attention, rank, ranks, weights):
 
 def _attention_of(block):
     # The sublayer with a vLLM route: keras-hub's own or one we installed.
-    found = [
-        layer
-        for layer in block._flatten_layers(include_self=False)
-        if hasattr(layer, "_compute_vllm_attention")
-    ]
+    found = routing_layers([block])
     if len(found) != 1:
         raise UnsupportedParallelismError(
             f"{block.name}: expected one attention layer with a vLLM route, "

@@ -3,10 +3,11 @@
 A hybrid backbone (Qwen3.5) mixes attention layers with Gated DeltaNet
 layers, which keep a per-request state instead of a KV cache. `install`
 gives each GDN layer of the loaded backbone a route: while our model serves
-a step (`step.scope(states=...)`), the layer's `call` hands its hidden
-states to the `GatedDeltaNetState` built for it (`build`), which keeps the layer's
-state in vLLM's state cache. Outside a served step the layer runs its own
-`call`. Only the instances of one loaded backbone get a route.
+a step (`step.scope(routed=...)`), the layer's `call` hands its hidden
+states to the `GatedDeltaNetState` built for it and bound to it (`build`),
+which keeps the layer's state in vLLM's state cache. Outside a served step
+the layer runs its own `call`. Only the instances of one loaded backbone
+get a route.
 """
 
 import types
@@ -17,15 +18,36 @@ from vllm_keras_hub.layers import step
 # KerasHub layer classes that keep a recurrent state, not a KV cache.
 STATE_LAYERS = families.STATE_LAYERS
 
+# The attribute a routed state layer keeps its state layer in, as
+# `state(layer, hidden_states)`.
+STATE = "_vllm_state"
+
+
+class Served:
+    """A layer's `GatedDeltaNetState`, as a served step calls it.
+
+    Args:
+        state: The `GatedDeltaNetState`.
+        index: Its index among the model's state layers.
+    """
+
+    def __init__(self, state, index):
+        self.state = state
+        self.index = index
+
+    def __call__(self, layer, hidden_states):
+        step.current().routed.states.append(self.index)
+        return self.state(layer, hidden_states)
+
 
 def serving():
     """Whether a served step (or the start-up probe) is routing GDN layers."""
-    return step.current().states is not None
+    return step.current().routed is not None
 
 
 def gated_delta_net(layer, hidden_states):
     """The GDN layer `layer`'s output on `(num_tokens, 1, hidden)` tokens."""
-    return step.current().states(layer, hidden_states)
+    return getattr(layer, STATE)(layer, hidden_states)
 
 
 def state_layer(transformer_layer):
@@ -70,7 +92,6 @@ def install(transformer_layers):
         layer = state_layer(block)
         if layer is None:
             continue
-        layer._vllm_state_index = len(routed)
         layer.call = types.MethodType(_routed_call, layer)
         routed.append((index, layer))
     return routed
@@ -91,7 +112,8 @@ def build(routed, prefix, dtype, first_index=0):
             `install` was given.
 
     Returns:
-        The `GatedDeltaNetState`s, in the order of `routed`.
+        The `GatedDeltaNetState`s, in the order of `routed`, each bound to
+        its layer.
     """
     from vllm.logger import init_logger
 
@@ -103,11 +125,11 @@ def build(routed, prefix, dtype, first_index=0):
         spec = state.GatedDeltaNetSpec.of(layer)
         kernels, reason = state.vllm_kernels_apply(spec, dtype)
         reasons.add(reason)
-        states.append(
-            state.GatedDeltaNetState(
-                layer, f"{prefix}{first_index + index}", dtype, kernels
-            )
+        built = state.GatedDeltaNetState(
+            layer, f"{prefix}{first_index + index}", dtype, kernels
         )
+        setattr(layer, STATE, Served(built, len(states)))
+        states.append(built)
     if states:
         logger = init_logger(__name__)
         if all(s.vllm_kernels for s in states):

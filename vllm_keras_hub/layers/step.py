@@ -1,10 +1,11 @@
 """What the routed layers of one served step share: the step context.
 
-vLLM calls the model once per step. The KerasHub layers inside it do not
-take vLLM's kernels as arguments; they find them here, as nano-vllm's
-layers find their step's context. The model sets the fields for the span of
-its step (`scope`); outside one, a routed layer has nothing to run on and
-says so.
+vLLM calls the model once per step. Each routed KerasHub layer holds its
+own vLLM kernel, bound when the model is built (`paged_attention.py`,
+`moe.py`, `state_routes.py`); what changes from step to step, its layers
+find here, as nano-vllm's layers find their step's context. The model sets
+the fields for the span of its step (`scope`); outside one, a routed layer
+has nothing to run on and says so.
 """
 
 import contextlib
@@ -17,7 +18,7 @@ class Routed:
     routes are checked against it (`probe.check_step`).
 
     Attributes:
-        attention: The vLLM `Attention` of each attention call.
+        attention: The index of each attending layer whose kernel ran.
         moe: The index of each MoE block whose experts ran.
         states: The index of each state layer that stepped.
     """
@@ -32,10 +33,6 @@ class Step:
     """The context of the step being served.
 
     Attributes:
-        experts: `experts(block, hidden_states, routing)`, the MoE blocks'
-            fused experts (`moe.py`), or `None` outside a step.
-        states: `states(layer, hidden_states)`, the recurrent-state layers'
-            step on vLLM's state cache (`state_routes.py`), or `None`.
         rotary_rows: The step's gathered rotary cos/sin by table and layout
             (`rotary_tables.py`), shared by its layers, or `None`.
         is_image: `(num_tokens,)` bool on the CPU, True at image soft
@@ -51,11 +48,10 @@ class Step:
         mrope_positions: `(3, num_tokens)` M-RoPE positions (temporal,
             height, width) of a model that takes them (`families/qwen3_5/media.py`),
             or `None`.
-        routed: The step's `Routed`, or `None` outside a step.
+        routed: The step's `Routed`, or `None` outside a step (or the
+            start-up probe's).
     """
 
-    experts: object = None
-    states: object = None
     rotary_rows: dict = None
     is_image: object = None
     image_metadata: object = None
@@ -79,7 +75,7 @@ def scope(**fields):
     """Sets `fields` of the step context inside the block, then restores them.
 
     Args:
-        **fields: `Step` attributes, e.g. `experts=...`.
+        **fields: `Step` attributes, e.g. `routed=Routed()`.
     """
     previous = {name: getattr(_STEP, name) for name in fields}
     for name, value in fields.items():

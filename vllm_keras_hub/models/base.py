@@ -21,7 +21,6 @@ from vllm_keras_hub.backend import require_torch_backend
 # Before anything below imports Keras: a clear error for another backend.
 require_torch_backend()
 
-from keras_hub.src.vllm.context import vllm_context_scope
 from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.logger import init_logger
@@ -39,8 +38,8 @@ from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
 from vllm_keras_hub.export.hf_config import LOAD_FORMAT
 from vllm_keras_hub.layers import attention as attention_layers
 from vllm_keras_hub.layers import eagle3
-from vllm_keras_hub.layers import image_attention
 from vllm_keras_hub.layers import moe_routes
+from vllm_keras_hub.layers import paged_attention
 from vllm_keras_hub.layers import parallel_linear
 from vllm_keras_hub.layers import state_routes
 from vllm_keras_hub.layers import step
@@ -133,7 +132,10 @@ class KerasHubBase(nn.Module):
         self.model = None
         # vLLM linears under the LoRA-capable matmuls (with --enable-lora).
         self.lora_layers = nn.ModuleDict()
+        # Each attending layer's kernel, in layer order (`paged_attention.py`).
+        self.kernels = []
         self._route_layers = []
+        self._state_layers = []
         # Matmul layers moved to vLLM's prepacked CPU GEMM (`layers/linear.py`).
         self.cpu_gemm_layers = 0
         # The backbone's index of each vLLM `Attention`'s layer.
@@ -262,14 +264,14 @@ class KerasHubBase(nn.Module):
 
     def _probe(self, stage, state_layers, moe_blocks):
         """One token through the stage: every layer must route to vLLM."""
-        routes = probe.run(stage)
+        routes = probe.run(stage, moe_blocks, state_layers)
         probe.check_attention_routes(routes, stage.layers, self._name)
         probe.check_moe_routes(routes, moe_blocks, self._name)
         probe.check_state_routes(routes, state_layers, self._name)
         attending = attention_layers.attention_indices(stage.layers)
         probe.check_kv_sharing(routes.specs, [stage.start + index for index in attending])
         self.attention_specs = routes.specs
-        self._route_layers = routes.attention_layers
+        self._state_layers = state_layers
         return routes
 
     def _use_cpu_gemm(self, backbone, stage):
@@ -283,7 +285,7 @@ class KerasHubBase(nn.Module):
         )
 
     def _build_attention(self, stage, routes):
-        """One vLLM `Attention` per attending layer of the stage."""
+        """One vLLM `Attention` per attending layer of the stage, bound to it."""
         if self.prefix == f"{speculative.DRAFT_PREFIX}.":
             speculative.check_draft_attention(
                 routes.specs,
@@ -301,13 +303,19 @@ class KerasHubBase(nn.Module):
                 encoder_only=self.encoder_only,
             )
         )
+        self.kernels = [
+            paged_attention.Served(attention, self._dtype, index)
+            for index, attention in enumerate(self.attention)
+        ]
+        paged_attention.bind(routes.attention_layers, self.kernels)
+        self._route_layers = routes.attention_layers
 
     def _check_backbone(self, backbone):
         """Raises for a backbone this model class cannot serve exactly."""
 
     def _serving_step(self, stage):
         """Runs the backbone once as serving will (the CPU GEMM's check)."""
-        probe.run(stage)
+        probe.run(stage, self.moe_blocks, self._state_layers)
 
     def embed_input_ids(self, input_ids):
         """The token embedding (Gemma3n's includes its embedding scale)."""
@@ -346,14 +354,8 @@ class KerasHubBase(nn.Module):
         aux = [] if self.model.aux_hidden_state_layers else None
         routed = step.Routed()
         with (
-            vllm_context_scope(
-                paged_attention_func=self._paged_attention,
-                positions=positions,
-                kv_caches=self.attention,
-            ),
+            paged_attention.serving(self.kernels, positions),
             step.scope(
-                experts=self._experts,
-                states=self._state_step,
                 rotary_rows={},
                 aux_hidden=aux,
                 mrope_positions=mrope,
@@ -363,7 +365,7 @@ class KerasHubBase(nn.Module):
             hidden_states = self.stage.packed_forward(input_ids, positions, hidden)
         probe.check_step(
             self._name,
-            len(routed.attention),
+            routed.attention,
             routed.moe,
             routed.states,
             (len(self.attention), len(self.moe), len(self.states)),
@@ -373,26 +375,3 @@ class KerasHubBase(nn.Module):
         if aux is not None:
             return hidden_states, aux
         return hidden_states
-
-    def _paged_attention(self, attention, query, key, value, *args, **kwargs):
-        # keras-hub's bridge hands each routed attention layer its vLLM
-        # `Attention` (the n-th call, the n-th cache).
-        step.current().routed.attention.append(attention)
-        dtype = self._dtype
-        query = query.to(dtype)
-        if attention.kv_sharing_target_layer_name is not None:
-            # It attends over its target's cache and writes none.
-            output = attention(query, None, None)
-        else:
-            output = attention(query, key.to(dtype), value.to(dtype))
-        if image_attention.marked(attention):
-            output = image_attention.attend_images(attention, query, output)
-        return attention, output
-
-    def _experts(self, block, hidden_states, routing):
-        step.current().routed.moe.append(block._vllm_moe_index)
-        return self.moe[block._vllm_moe_index](hidden_states, routing)
-
-    def _state_step(self, layer, hidden_states):
-        step.current().routed.states.append(layer._vllm_state_index)
-        return self.states[layer._vllm_state_index](layer, hidden_states)

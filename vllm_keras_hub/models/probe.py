@@ -1,23 +1,28 @@
 """The start-up probe: one token through the backbone, recording the routes.
 
-Every routed attention layer hands keras-hub's paged-attention bridge its
-heads, scale, sliding window, soft cap and other options; every routed MoE
-block hands its experts to `layers.moe.fused_experts`. The probe runs one
-token with recording functions in their place, so what vLLM must build
+Every routed attention layer hands its kernel (directly, or through
+keras-hub's bridge) its heads, scale, sliding window, soft cap and other
+options; every routed MoE block hands its experts their tokens, every
+recurrent-state layer its state. The probe runs one token with recorders
+bound in their kernels' place, so what vLLM must build
 (one `Attention` per transformer layer, one `FusedMoE` per MoE block) is
 read from the layers themselves, and a layer that does not route fails
 start-up, naming it.
 """
 
 import collections
+import contextlib
 import dataclasses
-import sys
 
 import torch
-from keras_hub.src.vllm.context import vllm_context_scope
 
 from vllm_keras_hub.layers import step
 from vllm_keras_hub.layers.attention import attention_indices
+from vllm_keras_hub.layers.attention import routing_layers
+from vllm_keras_hub.layers.moe import EXPERTS
+from vllm_keras_hub.layers.paged_attention import ATTENTION
+from vllm_keras_hub.layers.paged_attention import serving
+from vllm_keras_hub.layers.state_routes import STATE
 
 
 class RouteError(RuntimeError):
@@ -66,35 +71,64 @@ class Probe:
             call order.
         state_layers: The recurrent-state layers that handed their tokens
             to their state layer, in call order.
+        caller: The attention layer whose route is running, as it names
+            itself (`_announced`).
     """
 
     specs: list
     attention_layers: list
     moe_blocks: list
     state_layers: list = dataclasses.field(default_factory=list)
+    caller: object = None
 
 
-def _routing_attention_layer():
-    """The KerasHub attention layer whose vLLM route is calling us.
-
-    keras-hub's bridge hands the paged-attention function only tensors and
-    attention options, not the layer; the layer is `self` of the
-    `_compute_vllm_attention` frame up the stack.
-    """
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code.co_name == "_compute_vllm_attention":
-            return frame.f_locals.get("self")
-        frame = frame.f_back
-    return None
+_MISSING = object()
 
 
-def run(stage):
+@contextlib.contextmanager
+def _bound(bindings):
+    """Sets each `(owner, name, value)` inside the block, then restores it."""
+    held = [(owner, name, vars(owner).get(name, _MISSING)) for owner, name, _ in bindings]
+    for owner, name, value in bindings:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in held:
+            if value is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
+def _announced(probe, layer):
+    # keras-hub's bridge hands its paged-attention function tensors and
+    # options, not the layer: for the probe step, each layer's route first
+    # names its layer.
+    compute = layer._compute_vllm_attention
+
+    def announce(*args, **kwargs):
+        probe.caller = layer
+        return compute(*args, **kwargs)
+
+    return announce
+
+
+def run(stage, moe_blocks=(), state_layers=()):
     """Runs one token through a pipeline stage, recording each route's options.
+
+    For the one step, every routed layer's kernel is a recorder: every
+    layer's with a route to vLLM (`paged_attention.ATTENTION`, and the
+    kernels keras-hub's bridge hands out),
+    `moe_blocks`' experts and `state_layers`' states. Their own kernels, if
+    bound, are restored after.
 
     Args:
         stage: A `pipeline.Stage` of a loaded backbone (the whole backbone
             where there is one stage).
+        moe_blocks: The stage's routed MoE blocks (`moe_routes.install`).
+        state_layers: `(index, layer)` of its recurrent-state layers
+            (`state_routes.install`).
 
     Returns:
         A `Probe`.
@@ -103,7 +137,6 @@ def run(stage):
     probe = Probe([], [], [])
 
     def record_attention(
-        cache,
         query,
         key,
         value,
@@ -117,7 +150,8 @@ def run(stage):
         sinks=None,
         kv_sharing_target=None,
     ):
-        probe.attention_layers.append(_routing_attention_layer())
+        probe.attention_layers.append(probe.caller)
+        probe.caller = None
         probe.specs.append(
             AttentionSpec(
                 num_heads=int(num_heads),
@@ -139,28 +173,36 @@ def run(stage):
                 kv_sharing_target=kv_sharing_target,
             )
         )
-        return cache, torch.zeros_like(query)
+        return torch.zeros_like(query)
 
-    def record_experts(block, hidden_states, routing):
-        probe.moe_blocks.append(block)
-        return torch.zeros_like(hidden_states)
+    def record_experts(block):
+        def record(hidden_states, routing):
+            probe.moe_blocks.append(block)
+            return torch.zeros_like(hidden_states)
+
+        return record
 
     def record_state(layer, hidden_states):
         probe.state_layers.append(layer)
         return torch.zeros_like(hidden_states)
 
+    attending = routing_layers(layers)
+    bindings = [(layer, ATTENTION, record_attention) for layer in attending]
+    bindings += [
+        (layer, "_compute_vllm_attention", _announced(probe, layer))
+        for layer in attending
+    ]
+    bindings += [(block, EXPERTS, record_experts(block)) for block in moe_blocks]
+    bindings += [(layer, STATE, record_state) for _, layer in state_layers]
     input_ids = torch.zeros(1, dtype=torch.int64)
     hidden = None if stage.first else torch.zeros(1, stage.hidden_size)
     with (
         torch.inference_mode(),
-        step.scope(experts=record_experts, states=record_state),
+        _bound(bindings),
+        step.scope(routed=step.Routed()),
+        serving([record_attention] * len(attending), torch.zeros_like(input_ids)),
     ):
-        with vllm_context_scope(
-            paged_attention_func=record_attention,
-            positions=torch.zeros_like(input_ids),
-            kv_caches=list(range(len(layers))),
-        ):
-            stage.packed_forward(input_ids, torch.zeros_like(input_ids), hidden)
+        stage.packed_forward(input_ids, torch.zeros_like(input_ids), hidden)
     return probe
 
 
@@ -289,28 +331,29 @@ def check_kv_sharing(specs, indices=None):
             )
 
 
-def check_step(name, attention_calls, moe_indices, state_indices, counts):
+def check_step(name, attention_indices, moe_indices, state_indices, counts):
     """Raises for a served step that routed otherwise than the probe.
 
     A layer that fell back to its own attention must not return; under
-    torch.compile this is decided once, while tracing. Attention is
-    counted (keras-hub's bridge hands the n-th call the n-th layer's cache;
-    the probe checked layers by name); MoE blocks and state layers carry
-    their index, so each must route exactly once, in order.
+    torch.compile this is decided once, while tracing. Each kernel carries
+    its layer's index, so each attending layer, MoE block and state layer
+    must route exactly once, in order (keras-hub's own routes get the n-th
+    kernel from its bridge; the probe checked them by layer).
 
     Args:
         name: The model, for the message.
-        attention_calls: Calls to vLLM's attention in the step.
+        attention_indices: The index of each attending layer routed, in
+            call order.
         moe_indices: The index of each MoE block routed, in call order.
         state_indices: The index of each state layer routed, in order.
         counts: `(attention, moe, states)`: the vLLM layers built.
     """
     attention, moe, states = counts
-    if attention_calls != attention:
+    if attention_indices != list(range(attention)):
         raise RouteError(
-            f"{name}: {attention_calls} of {attention} transformer layers "
-            "handed attention to vLLM in this step; serving it would give "
-            "wrong output."
+            f"{name}: {len(attention_indices)} of {attention} transformer "
+            "layers handed attention to vLLM in this step, not one per layer "
+            "in order; serving it would give wrong output."
         )
     if moe_indices != list(range(moe)):
         raise RouteError(

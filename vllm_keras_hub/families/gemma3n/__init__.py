@@ -13,7 +13,7 @@ from vllm_keras_hub.families.family import OURS
 from vllm_keras_hub.layers.attention_routes import OUTPUT_WEIGHTS_AND_CACHE
 from vllm_keras_hub.layers.attention_routes import Route
 from vllm_keras_hub.layers.attention_routes import kv_placeholder
-from vllm_keras_hub.layers.attention_routes import paged_attention
+from vllm_keras_hub.layers.paged_attention import paged_attention
 
 
 def attention(layer, hidden_states, positions):
@@ -35,6 +35,7 @@ def attention(layer, hidden_states, positions):
     else:
         key = value = kv_placeholder(query, layer.num_key_value_heads)
     output = paged_attention(
+        layer,
         query,
         key,
         value,

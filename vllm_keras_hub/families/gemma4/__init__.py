@@ -16,9 +16,9 @@ from vllm_keras_hub.layers import moe
 from vllm_keras_hub.layers.attention_routes import OUTPUT_AND_CACHE
 from vllm_keras_hub.layers.attention_routes import Route
 from vllm_keras_hub.layers.attention_routes import kv_placeholder
-from vllm_keras_hub.layers.attention_routes import paged_attention
 from vllm_keras_hub.layers.moe_routing import MoERoute
 from vllm_keras_hub.layers.moe_routing import gate_up_down_weights
+from vllm_keras_hub.layers.paged_attention import paged_attention
 
 
 def attention(layer, hidden_states, positions):
@@ -48,6 +48,7 @@ def attention(layer, hidden_states, positions):
     if layer.use_sliding_window_attention and not layer.is_global_attention:
         sliding_window = layer.sliding_window_size
     output = paged_attention(
+        layer,
         query,
         key,
         value,

@@ -42,7 +42,6 @@ from vllm_keras_hub.backend import require_torch_backend
 require_torch_backend()
 
 import torch
-from keras_hub.src.vllm.context import vllm_context_scope
 from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.model_executor.models.utils import maybe_prefix
@@ -53,6 +52,7 @@ from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
 from vllm_keras_hub.layers import attention as attention_layers
 from vllm_keras_hub.layers import eagle3
+from vllm_keras_hub.layers import paged_attention
 from vllm_keras_hub.layers import parallel_linear
 from vllm_keras_hub.layers import step
 from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
@@ -172,6 +172,12 @@ class KerasHubGemma4MTP(nn.Module):
                     target_names=targets,
                 )
             )
+        # Every layer reads its target's cache and writes none.
+        self.kernels = [
+            paged_attention.Served(attention, model_config.dtype, index)
+            for index, attention in enumerate(self.attention)
+        ]
+        paged_attention.bind(routes.attention_layers, self.kernels)
         self._task = task
         self._dtype = model_config.dtype
         self.model = DrafterInputs(eagle3.SharedEmbedding(backbone))
@@ -239,19 +245,11 @@ class KerasHubGemma4MTP(nn.Module):
         combined = torch.cat([inputs_embeds, hidden_states], dim=-1).to(self._dtype)
         x = self._task.pre_projection(combined.reshape(num_tokens, 1, -1))
 
-        def paged_attention(attention, query, key, value, *args, **kwargs):
-            # Every layer reads its target's cache and writes none.
-            return attention, attention(query.to(self._dtype), None, None)
-
         backbone = self._task.backbone
         padding_mask = torch.ones(num_tokens, 1, dtype=torch.int32, device=x.device)
         with (
-            vllm_context_scope(
-                paged_attention_func=paged_attention,
-                positions=positions,
-                kv_caches=self.attention,
-            ),
-            step.scope(rotary_rows={}),
+            paged_attention.serving(self.kernels, positions),
+            step.scope(rotary_rows={}, routed=step.Routed()),
         ):
             for layer in backbone.transformer_layers:
                 x, _ = layer(
