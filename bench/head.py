@@ -11,7 +11,7 @@ rows, three ways:
 
 - `packed`: vLLM's CPU GEMM dispatch over a copy it packs, as vLLM's own
   CPU models hold a tied head and as vllm-keras-hub does since 2026-12-06
-  (`layers/tied_output.py`);
+  (`layers/linear/tied_output.py`);
 - `onednn_unpacked`: oneDNN over the one table (vllm-keras-hub before);
 - `aten`: torch's `F.linear` over the one table (MKL here).
 
@@ -48,7 +48,7 @@ def kernels(table):
     """`{name: matmul(rows)}` over `table`, `(vocabulary, hidden)`."""
     import torch
 
-    from vllm_keras_hub.layers import linear
+    from vllm_keras_hub.layers.linear import linear
 
     return {
         "packed": linear._pack(table.t()),

@@ -9,7 +9,7 @@ import torch
 from vllm import SamplingParams
 
 from vllm_keras_hub import families
-from vllm_keras_hub.layers import moe
+from vllm_keras_hub.layers.moe import moe
 from vllm_keras_hub.models.probe import RouteError
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
@@ -56,8 +56,8 @@ def test_moe_block_that_routes_as_another_fails_the_step(tmp_path):
 
 
 def test_moe_blocks_must_each_route_once_at_start_up():
-    from vllm_keras_hub.models.probe import Probe
     from vllm_keras_hub.models.probe import check_moe_routes
+    from vllm_keras_hub.models.probe import Probe
 
     first, second = (types.SimpleNamespace(name=f"block_{i}") for i in range(2))
     check_moe_routes(Probe([], [], [first, second]), [first, second], "m")

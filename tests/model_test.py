@@ -94,7 +94,7 @@ def assert_experts_on_vllm(family, model):
     """Each MoE block's experts are a vLLM `FusedMoE`; Keras's copy is gone."""
     from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
 
-    from vllm_keras_hub.layers import moe_routes
+    from vllm_keras_hub.layers.moe import moe_routes
 
     layers = len(model.attention) + len(model.states)
     expected = layers if family in MOE_FAMILIES else 0

@@ -101,9 +101,9 @@ def _single_rank(preset):
     import keras_hub
 
     from vllm_keras_hub.export.preset_folder import read_preset
-    from vllm_keras_hub.layers import attention
-    from vllm_keras_hub.layers import moe_routes
-    from vllm_keras_hub.layers import state_routes
+    from vllm_keras_hub.layers.attention import attention
+    from vllm_keras_hub.layers.moe import moe_routes
+    from vllm_keras_hub.layers.state import state_routes
     from vllm_keras_hub.models import pipeline
     from vllm_keras_hub.models import probe
 

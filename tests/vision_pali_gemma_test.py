@@ -15,7 +15,7 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
 from vllm_keras_hub.entrypoints.llm import KerasHubLLM
-from vllm_keras_hub.layers import image_attention
+from vllm_keras_hub.layers.attention import image_attention
 from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
 from vllm_keras_hub.settings import UnsupportedImageServingError
 from vllm_keras_hub.testing import support_matrix
@@ -23,12 +23,12 @@ from vllm_keras_hub.testing.engines import in_process_engine_env
 from vllm_keras_hub.testing.engines import in_process_llm
 from vllm_keras_hub.testing.engines import served_model
 from vllm_keras_hub.testing.image_oracle import pali_gemma_greedy
-from vllm_keras_hub.testing.images import IMAGES
 from vllm_keras_hub.testing.images import assert_tokens
 from vllm_keras_hub.testing.images import image_data_url
+from vllm_keras_hub.testing.images import IMAGES
 from vllm_keras_hub.testing.images import random_image
-from vllm_keras_hub.testing.vision_presets import PALI_GEMMA_2
 from vllm_keras_hub.testing.vision_presets import build_tiny_pali_gemma_preset
+from vllm_keras_hub.testing.vision_presets import PALI_GEMMA_2
 
 MAX_NEW_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)

@@ -13,7 +13,7 @@ import pytest
 from vllm import SamplingParams
 
 from vllm_keras_hub.entrypoints.llm import KerasHubLLM
-from vllm_keras_hub.layers import image_attention
+from vllm_keras_hub.layers.attention import image_attention
 from vllm_keras_hub.settings import UnsupportedImageServingError
 from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.engines import in_process_llm

@@ -4,7 +4,7 @@ With `disable_chunked_mm_input`, vLLM's scheduler stops a prefill before an
 image that does not fit in the step, when none of the image is computed
 yet. A prefill that starts at the image's first token, or inside it after a
 prefix-cache hit that ends there, can still be cut before the image's end,
-and the image's bidirectional attention (`layers/image_attention.py`) would
+and the image's bidirectional attention (`layers/attention/image_attention.py`) would
 then miss its later tokens. This scheduler computes nothing of such a
 request in that step; it goes on in a later one, whole.
 """

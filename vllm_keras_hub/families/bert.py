@@ -4,7 +4,7 @@ from keras import ops
 
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
-from vllm_keras_hub.layers.attention_routes import ENCODER_ROUTES
+from vllm_keras_hub.layers.attention.attention_routes import ENCODER_ROUTES
 
 
 def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidden=None):

@@ -2,8 +2,8 @@
 
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
-from vllm_keras_hub.layers.attention_routes import Route
-from vllm_keras_hub.layers.attention_routes import alibi_attention
+from vllm_keras_hub.layers.attention.attention_routes import alibi_attention
+from vllm_keras_hub.layers.attention.attention_routes import Route
 
 
 def attention(layer, hidden_states, positions):

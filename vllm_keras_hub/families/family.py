@@ -28,7 +28,7 @@ class Family:
             `end_token2_id`, read from the tokenizer itself).
         unsupported_reason: Why a family without a route cannot be served.
         tensor_parallel: Whether its layers shard across tensor-parallel
-            ranks (`layers/parallel_linear.py`); set where `parallel_test.py`
+            ranks (`layers/parallel/parallel_linear.py`); set where `parallel_test.py`
             proves it (Llama shares Llama3's layers).
         pipeline_refusal: Why its backbone cannot be cut into pipeline
             stages (`models/pipeline.py`), or `""` where it can.
@@ -39,11 +39,11 @@ class Family:
         embedder: The KerasHub `TextEmbedder` class its embedding presets
             are, served on `/v1/embeddings` (`export/embedder.py`), or `""`.
         attention: Attention-layer class name -> its
-            `layers.attention_routes.Route`, for `route == OURS`.
-        moe: MoE block class name -> its `layers.moe.MoERoute`, onto vLLM's
-            fused MoE.
+            `layers.attention.attention_routes.Route`, for `route == OURS`.
+        moe: MoE block class name -> its `layers.moe.moe_routing.MoERoute`,
+            onto vLLM's fused MoE.
         state_layers: Layer class names that keep a recurrent state
-            (`layers/state_routes.py`).
+            (`layers/state/state_routes.py`).
         image_architecture: The vLLM model class of its presets served
             with images (`export/architectures.py`); `None`: text only.
         text_forward: `text_forward(backbone, token_ids, padding_mask,
@@ -58,7 +58,7 @@ class Family:
             functional graph.
         kernel_readers: Decoder block class name -> `(gate and up
             projections, down projection)`, the MLP layers whose kernels the
-            block multiplies by itself (`layers/kernel_readers.py`).
+            block multiplies by itself (`layers/linear/kernel_readers.py`).
         drafters: Drafter task class name -> its `Drafter`: the KerasHub
             tasks of the family that only propose tokens for a target of it
             (`export/drafter.py`).

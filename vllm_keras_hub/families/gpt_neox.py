@@ -7,10 +7,10 @@ from keras import ops
 
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
-from vllm_keras_hub.layers.attention_routes import OUTPUT_AND_CACHE
-from vllm_keras_hub.layers.attention_routes import Route
-from vllm_keras_hub.layers.attention_routes import partial_rotary
-from vllm_keras_hub.layers.paged_attention import paged_attention
+from vllm_keras_hub.layers.attention.attention_routes import OUTPUT_AND_CACHE
+from vllm_keras_hub.layers.attention.attention_routes import partial_rotary
+from vllm_keras_hub.layers.attention.attention_routes import Route
+from vllm_keras_hub.layers.attention.paged_attention import paged_attention
 
 
 def attention(layer, hidden_states, positions):

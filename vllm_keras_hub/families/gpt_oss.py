@@ -4,12 +4,12 @@ from keras import ops
 
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
-from vllm_keras_hub.layers import moe
-from vllm_keras_hub.layers.attention_routes import Route
-from vllm_keras_hub.layers.attention_routes import attend
-from vllm_keras_hub.layers.attention_routes import partial_rotary
-from vllm_keras_hub.layers.moe_routing import MoERoute
-from vllm_keras_hub.layers.moe_routing import MoERouteError
+from vllm_keras_hub.layers.attention.attention_routes import attend
+from vllm_keras_hub.layers.attention.attention_routes import partial_rotary
+from vllm_keras_hub.layers.attention.attention_routes import Route
+from vllm_keras_hub.layers.moe import moe
+from vllm_keras_hub.layers.moe.moe_routing import MoERoute
+from vllm_keras_hub.layers.moe.moe_routing import MoERouteError
 
 
 # KerasHub's GPT-OSS experts: `(up + 1) * gate * sigmoid(alpha * gate)`, the

@@ -4,15 +4,15 @@ from keras import ops
 
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
-from vllm_keras_hub.layers import moe
-from vllm_keras_hub.layers.attention_routes import PUBLIC_QKV
-from vllm_keras_hub.layers.attention_routes import Route
-from vllm_keras_hub.layers.attention_routes import attend
-from vllm_keras_hub.layers.attention_routes import rotary_qkv
-from vllm_keras_hub.layers.moe_routing import MoERoute
-from vllm_keras_hub.layers.moe_routing import gate_up_down_weights
-from vllm_keras_hub.layers.moe_routing import silu_expert_bank_spec
-from vllm_keras_hub.layers.moe_routing import top_k_routing
+from vllm_keras_hub.layers.attention.attention_routes import attend
+from vllm_keras_hub.layers.attention.attention_routes import PUBLIC_QKV
+from vllm_keras_hub.layers.attention.attention_routes import rotary_qkv
+from vllm_keras_hub.layers.attention.attention_routes import Route
+from vllm_keras_hub.layers.moe import moe
+from vllm_keras_hub.layers.moe.moe_routing import gate_up_down_weights
+from vllm_keras_hub.layers.moe.moe_routing import MoERoute
+from vllm_keras_hub.layers.moe.moe_routing import silu_expert_bank_spec
+from vllm_keras_hub.layers.moe.moe_routing import top_k_routing
 
 
 def attention(layer, hidden_states, positions):

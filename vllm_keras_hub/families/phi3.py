@@ -4,8 +4,8 @@ from keras import ops
 
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
-from vllm_keras_hub.layers.attention_routes import Route
-from vllm_keras_hub.layers.attention_routes import attend
+from vllm_keras_hub.layers.attention.attention_routes import attend
+from vllm_keras_hub.layers.attention.attention_routes import Route
 
 
 def phi3_su_rotary(rotary, inputs, positions):

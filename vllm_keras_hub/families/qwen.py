@@ -6,11 +6,11 @@ torch (`unfused_window`).
 
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
-from vllm_keras_hub.layers.attention_routes import PRIVATE_QKV
-from vllm_keras_hub.layers.attention_routes import Route
-from vllm_keras_hub.layers.attention_routes import attend
-from vllm_keras_hub.layers.attention_routes import rotary_qkv
-from vllm_keras_hub.layers.attention_routes import unfused_window
+from vllm_keras_hub.layers.attention.attention_routes import attend
+from vllm_keras_hub.layers.attention.attention_routes import PRIVATE_QKV
+from vllm_keras_hub.layers.attention.attention_routes import rotary_qkv
+from vllm_keras_hub.layers.attention.attention_routes import Route
+from vllm_keras_hub.layers.attention.attention_routes import unfused_window
 
 
 def attention(layer, hidden_states, positions):

@@ -2,15 +2,15 @@
 
 from keras import ops
 
-from vllm_keras_hub.families import qwen3_5
 from vllm_keras_hub.export import architectures
+from vllm_keras_hub.families import qwen3_5
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
-from vllm_keras_hub.layers import moe
-from vllm_keras_hub.layers.moe_routing import MoERoute
-from vllm_keras_hub.layers.moe_routing import dense_routing
-from vllm_keras_hub.layers.moe_routing import fused_gate_up_variables
-from vllm_keras_hub.layers.moe_routing import fused_gate_up_weights
+from vllm_keras_hub.layers.moe import moe
+from vllm_keras_hub.layers.moe.moe_routing import dense_routing
+from vllm_keras_hub.layers.moe.moe_routing import fused_gate_up_variables
+from vllm_keras_hub.layers.moe.moe_routing import fused_gate_up_weights
+from vllm_keras_hub.layers.moe.moe_routing import MoERoute
 
 
 def moe_call(self, hidden_states, attention_mask=None, training=None):

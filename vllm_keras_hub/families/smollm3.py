@@ -5,8 +5,8 @@ from keras_hub.src.models.smollm3.smollm3_utils import apply_rotary_pos_emb
 
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
-from vllm_keras_hub.layers.attention_routes import Route
-from vllm_keras_hub.layers.attention_routes import attend
+from vllm_keras_hub.layers.attention.attention_routes import attend
+from vllm_keras_hub.layers.attention.attention_routes import Route
 
 
 def attention(layer, hidden_states, positions):

@@ -2,7 +2,7 @@
 
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
-from vllm_keras_hub.layers.attention_routes import ENCODER_ROUTES
+from vllm_keras_hub.layers.attention.attention_routes import ENCODER_ROUTES
 
 
 FAMILY = Family(

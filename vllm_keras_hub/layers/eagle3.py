@@ -20,9 +20,9 @@ from vllm.model_executor.models.interfaces import EagleModelMixin
 
 from vllm_keras_hub.compile.direct_calls import direct_call
 from vllm_keras_hub.layers import step
-from vllm_keras_hub.layers import vocab_parallel
-from vllm_keras_hub.layers.attention import token_embedding
-from vllm_keras_hub.layers.attention import transformer_layers
+from vllm_keras_hub.layers.attention.attention import token_embedding
+from vllm_keras_hub.layers.attention.attention import transformer_layers
+from vllm_keras_hub.layers.parallel import vocab_parallel
 from vllm_keras_hub.models.probe import RouteError
 
 _TAPPED_CLASSES = {}

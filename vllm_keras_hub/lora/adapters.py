@@ -4,7 +4,7 @@ vLLM loads an adapter from a PEFT folder (`adapter_config.json` and
 `adapter_model.safetensors`, tensors named by the model's modules). A
 KerasHub `.lora.h5` file names no modules: each layer is its position among
 the backbone's layers that have weights, which is also how our model names
-the vLLM linear under that layer (`layers/lora_linear.py`). To convert one,
+the vLLM linear under that layer (`layers/linear/lora_linear.py`). To convert one,
 the preset's backbone is built from its config on torch's meta device (no
 weights are allocated), which gives each position's layer and kernel layout.
 
@@ -129,7 +129,7 @@ def standard_lora(layer, rank, a, b):
     """
     import torch
 
-    from vllm_keras_hub.layers import linear
+    from vllm_keras_hub.layers.linear import linear
 
     variable, permutation, contracted_rank = linear.matmul_weight(layer)
     shape = tuple(variable.shape)
@@ -185,8 +185,8 @@ def convert(backbone, path):
     Returns:
         A `Converted`.
     """
-    from vllm_keras_hub.layers import lora_linear
-    from vllm_keras_hub.layers import kernel_readers
+    from vllm_keras_hub.layers.linear import kernel_readers
+    from vllm_keras_hub.layers.linear import lora_linear
 
     rank, layers = lora.checked_layers(backbone, path)
     read_by_block = kernel_readers.kernel_read_layers(backbone)
@@ -268,8 +268,8 @@ def _cache_root():
 def converter_sources():
     """The files whose code converts an adapter: this one, `lora/merged.py` (which
     reads it), and the layers that set the A/B layout and module names."""
-    from vllm_keras_hub.layers import linear
-    from vllm_keras_hub.layers import lora_linear
+    from vllm_keras_hub.layers.linear import linear
+    from vllm_keras_hub.layers.linear import lora_linear
 
     return [__file__, lora.__file__, linear.__file__, lora_linear.__file__]
 

@@ -25,8 +25,8 @@ from tests.model_test import PROMPTS
 from vllm_keras_hub import KerasHubLLM
 from vllm_keras_hub.entrypoints.cli_test import ENGINE_STARTED
 from vllm_keras_hub.entrypoints.cli_test import run_cli
-from vllm_keras_hub.layers import linear
-from vllm_keras_hub.layers import lora_linear
+from vllm_keras_hub.layers.linear import linear
+from vllm_keras_hub.layers.linear import lora_linear
 from vllm_keras_hub.lora import adapters as lora_adapters
 from vllm_keras_hub.lora import merged as lora
 from vllm_keras_hub.testing.engines import in_process_llm

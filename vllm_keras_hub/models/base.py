@@ -6,12 +6,13 @@ pipeline stage, an adapter merged, the routes installed, the parallel
 shards and fused experts built, the state layers and adapter layers built,
 the start-up probe, the CPU GEMM, the attention layers.
 
-Each `forward` step, every routed attention layer hands q/k/v to its vLLM
-`Attention` through keras-hub's paged-attention bridge (`layers/
-attention.py`), every Gated DeltaNet layer its tokens to its state layer
-(`layers/state_routes.py`), every MoE block its experts to its `FusedMoE`
-(`layers/moe.py`); the layers call their own `call()` directly
-(`compile/direct_calls.py`), so vLLM compiles the whole step. The model
+Each routed layer holds its own vLLM kernel from the build on. Each
+`forward` step, every routed attention layer hands q/k/v to its vLLM
+`Attention` (`layers/attention/paged_attention.py`), every Gated DeltaNet
+layer its tokens to its state layer (`layers/state/state_routes.py`), every
+MoE block its experts to its `FusedMoE` (`layers/moe/moe.py`); the layers
+call their own `call()` directly (`compile/direct_calls.py`), so vLLM
+compiles the whole step. The model
 classes are one line of parts: this base, what they serve (`CausalMixin`,
 `EmbeddingMixin`, images) and what some take (`mixins.py`).
 """
@@ -36,15 +37,15 @@ from vllm_keras_hub import speculative
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
 from vllm_keras_hub.export.hf_config import LOAD_FORMAT
-from vllm_keras_hub.layers import attention as attention_layers
 from vllm_keras_hub.layers import eagle3
-from vllm_keras_hub.layers import moe_routes
-from vllm_keras_hub.layers import paged_attention
-from vllm_keras_hub.layers import parallel_linear
-from vllm_keras_hub.layers import state_routes
 from vllm_keras_hub.layers import step
-from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
-from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
+from vllm_keras_hub.layers.attention import attention as attention_layers
+from vllm_keras_hub.layers.attention import paged_attention
+from vllm_keras_hub.layers.attention.rotary_tables import use_rotary_tables
+from vllm_keras_hub.layers.linear.linear import use_vllm_cpu_gemm
+from vllm_keras_hub.layers.moe import moe_routes
+from vllm_keras_hub.layers.parallel import parallel_linear
+from vllm_keras_hub.layers.state import state_routes
 from vllm_keras_hub.loading import heap
 from vllm_keras_hub.loading import preset_weights
 from vllm_keras_hub.loading.load_format import backbone_dtype
@@ -136,7 +137,7 @@ class KerasHubBase(nn.Module):
         self.kernels = []
         self._route_layers = []
         self._state_layers = []
-        # Matmul layers moved to vLLM's prepacked CPU GEMM (`layers/linear.py`).
+        # Matmul layers moved to vLLM's prepacked CPU GEMM (`layers/linear/linear.py`).
         self.cpu_gemm_layers = 0
         # The backbone's index of each vLLM `Attention`'s layer.
         self.attending_layers = []

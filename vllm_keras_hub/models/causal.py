@@ -16,9 +16,9 @@ from vllm.model_executor.models.interfaces import SupportsEagle3
 from vllm.model_executor.models.interfaces import SupportsLoRA
 from vllm.model_executor.models.interfaces import SupportsPP
 
-from vllm_keras_hub.layers import attention as attention_layers
-from vllm_keras_hub.models.base import KerasHubBase
+from vllm_keras_hub.layers.attention import attention as attention_layers
 from vllm_keras_hub.models.base import compiled
+from vllm_keras_hub.models.base import KerasHubBase
 from vllm_keras_hub.models.mixins import Eagle3TargetMixin
 from vllm_keras_hub.models.mixins import LoRAMixin
 

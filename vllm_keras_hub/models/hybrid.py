@@ -8,7 +8,7 @@ model, to size cache pages; and it treats `IsHybrid` models differently
 throughout (page sizes, block sizes, prefix caching in "align" mode). So
 hybrid presets get this subclass, and nothing changes for the others: the
 serving itself is `KerasHubForCausalLM`'s, with its `state.` layers
-(`layers/state_routes.py`).
+(`layers/state/state_routes.py`).
 """
 
 from vllm.model_executor.models.interfaces import HasInnerState
@@ -18,7 +18,7 @@ from vllm_keras_hub.models.causal import KerasHubForCausalLM
 
 
 def _spec(vllm_config):
-    from vllm_keras_hub.layers.state import GatedDeltaNetSpec
+    from vllm_keras_hub.layers.state.state import GatedDeltaNetSpec
 
     config = vllm_config.model_config.hf_text_config
     return GatedDeltaNetSpec(
@@ -40,13 +40,13 @@ class KerasHubHybridForCausalLM(KerasHubForCausalLM, IsHybrid, HasInnerState):
 
     @classmethod
     def get_mamba_state_shape_from_config(cls, vllm_config):
-        # Each rank's slots hold its heads (`layers/parallel_state.py`).
+        # Each rank's slots hold its heads (`layers/parallel/parallel_state.py`).
         ranks = vllm_config.parallel_config.tensor_parallel_size
         return _spec(vllm_config).state_shape(ranks)
 
     @classmethod
     def get_mamba_state_dtype_from_config(cls, vllm_config):
-        from vllm_keras_hub.layers.state import state_dtypes
+        from vllm_keras_hub.layers.state.state import state_dtypes
 
         return state_dtypes(vllm_config.model_config.dtype)
 

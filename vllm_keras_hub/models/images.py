@@ -12,7 +12,7 @@ the embeddings. The processor is `multimodal.py`'s.
 
 from vllm_keras_hub.backend import require_torch_backend
 
-# Before anything below imports Keras (`layers.attention` does): plain `vllm`
+# Before anything below imports Keras (`layers.attention.attention` does): plain `vllm`
 # in a fresh shell names no backend.
 require_torch_backend()
 
@@ -26,9 +26,9 @@ from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm_keras_hub.export.audio_format import read_audio_format
 from vllm_keras_hub.export.image_format import read_image_format
 from vllm_keras_hub.export.video_format import read_video_format
-from vllm_keras_hub.layers import image_attention
-from vllm_keras_hub.layers.attention import token_embedding
-from vllm_keras_hub.layers.attention import transformer_layers
+from vllm_keras_hub.layers.attention import image_attention
+from vllm_keras_hub.layers.attention.attention import token_embedding
+from vllm_keras_hub.layers.attention.attention import transformer_layers
 from vllm_keras_hub.models import staged_images
 from vllm_keras_hub.models.audio import to_features
 from vllm_keras_hub.models.multimodal import KerasHubDummyInputsBuilder

@@ -10,7 +10,7 @@ from torch import nn
 from vllm.logger import init_logger
 
 from vllm_keras_hub.layers import eagle3
-from vllm_keras_hub.layers import lora_linear
+from vllm_keras_hub.layers.linear import lora_linear
 from vllm_keras_hub.lora import adapters as lora_adapters
 from vllm_keras_hub.vllm_fixes.punica_zero_slot import keep_a_zero_slot
 
@@ -21,7 +21,7 @@ class LoRAMixin:
     """LoRA per request (`SupportsLoRA`).
 
     With `--enable-lora` the model's LoRA-capable matmuls run on vLLM
-    linears (`layers/lora_linear.py`), which vLLM's LoRA manager wraps;
+    linears (`layers/linear/lora_linear.py`), which vLLM's LoRA manager wraps;
     adapters are converted by `lora/adapters.py`.
     """
 

@@ -36,8 +36,8 @@ import dataclasses
 import torch
 
 from vllm_keras_hub import families
-from vllm_keras_hub.layers.attention import token_embedding
-from vllm_keras_hub.layers.attention import transformer_layers
+from vllm_keras_hub.layers.attention.attention import token_embedding
+from vllm_keras_hub.layers.attention.attention import transformer_layers
 from vllm_keras_hub.models.text_forward import text_forward
 from vllm_keras_hub.parallel_settings import PIPELINE_REFUSALS
 from vllm_keras_hub.parallel_settings import UnsupportedParallelismError

@@ -13,8 +13,8 @@ import keras_hub
 import pytest
 import torch
 
-from vllm_keras_hub.layers.attention import token_embedding
-from vllm_keras_hub.layers.attention import transformer_layers
+from vllm_keras_hub.layers.attention.attention import token_embedding
+from vllm_keras_hub.layers.attention.attention import transformer_layers
 from vllm_keras_hub.loading.preset_weights import PresetWeights
 from vllm_keras_hub.loading.preset_weights import unloaded_backbone
 from vllm_keras_hub.lora import merged as lora
@@ -24,8 +24,8 @@ from vllm_keras_hub.parallel_settings import PIPELINE_REFUSALS
 from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
 from vllm_keras_hub.testing import support_matrix
 from vllm_keras_hub.testing.lora import fine_tune_lora
-from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import build_tiny_preset
+from vllm_keras_hub.testing.presets import TINY_FAMILIES
 
 # One sequence longer than the tiny presets' 8-token windows.
 TOKENS = torch.tensor([[5, 9, 2, 7, 11, 3, 8, 4, 12, 6, 10, 13]])

@@ -17,12 +17,12 @@ import dataclasses
 import torch
 
 from vllm_keras_hub.layers import step
-from vllm_keras_hub.layers.attention import attention_indices
-from vllm_keras_hub.layers.attention import routing_layers
-from vllm_keras_hub.layers.moe import EXPERTS
-from vllm_keras_hub.layers.paged_attention import ATTENTION
-from vllm_keras_hub.layers.paged_attention import serving
-from vllm_keras_hub.layers.state_routes import STATE
+from vllm_keras_hub.layers.attention.attention import attention_indices
+from vllm_keras_hub.layers.attention.attention import routing_layers
+from vllm_keras_hub.layers.attention.paged_attention import ATTENTION
+from vllm_keras_hub.layers.attention.paged_attention import serving
+from vllm_keras_hub.layers.moe.moe import EXPERTS
+from vllm_keras_hub.layers.state.state_routes import STATE
 
 
 class RouteError(RuntimeError):

@@ -11,7 +11,7 @@ flags crosses beside the hidden states (`image_attention.flag_column`).
 import torch
 from vllm.sequence import IntermediateTensors
 
-from vllm_keras_hub.layers import image_attention
+from vllm_keras_hub.layers.attention import image_attention
 
 
 def no_embeddings(fields, hidden_size, dtype):

@@ -19,7 +19,7 @@ import os
 import keras
 import numpy as np
 
-from vllm_keras_hub.layers.attention import token_embedding
+from vllm_keras_hub.layers.attention.attention import token_embedding
 
 
 def _output_head(backbone):

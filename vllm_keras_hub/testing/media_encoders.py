@@ -16,7 +16,7 @@ def _gemma3_vision_encoder(vocabulary_size):
 
     # As `gemma3_4b` and up: a SigLIP encoder pooled to the text width; 16
     # soft tokens per image. A window of 128 lets test prompts hold images
-    # both within it and past it (`layers/image_attention.py`).
+    # both within it and past it (`layers/attention/image_attention.py`).
     return dict(
         image_size=64,
         sliding_window_size=128,

@@ -3,8 +3,8 @@
 import contextlib
 import math
 
-from vllm_keras_hub.testing.engines import TEST_ENGINE_KWARGS
 from vllm_keras_hub.testing.engines import in_process_engine_env
+from vllm_keras_hub.testing.engines import TEST_ENGINE_KWARGS
 
 
 @contextlib.contextmanager
@@ -55,14 +55,14 @@ def rank_report(worker):
         GEMM dispatch does not pack), and
         `keras_table`, elements left in Keras's table;
         `sliced_kernels`, `(held, whole)` elements of each Keras kernel
-        sliced in place (`layers/parallel_mlp.py`), held where it is now; `states`, what each
-        Gated DeltaNet layer holds (`heads`, `conv_channels`, `recurrent`
+        sliced in place (`layers/parallel/parallel_mlp.py`), held where it
+        is now; `states`, what each Gated DeltaNet layer holds (`heads`, `conv_channels`, `recurrent`
         slot shape, `a_log`).
     """
     from vllm.distributed import get_tensor_model_parallel_rank
 
-    from vllm_keras_hub.layers import vocab_parallel
-    from vllm_keras_hub.layers.attention import token_embedding
+    from vllm_keras_hub.layers.attention.attention import token_embedding
+    from vllm_keras_hub.layers.parallel import vocab_parallel
 
     model = worker.model_runner.model
     linears = [
@@ -126,7 +126,7 @@ def held_elements(layer):
     """
     import torch
 
-    from vllm_keras_hub.layers import onednn
+    from vllm_keras_hub.layers.linear import onednn
 
     if layer.weight.numel():
         return layer.weight.numel()
@@ -139,7 +139,7 @@ def held_elements(layer):
 
 def kernel_elements(layer):
     """Elements of a Keras layer's kernel on this rank: Keras's tensor, or,
-    once vLLM's CPU GEMM holds it (`layers/linear.py`), what the GEMM keeps."""
+    once vLLM's CPU GEMM holds it (`layers/linear/linear.py`), what the GEMM keeps."""
     import functools
 
     import torch
@@ -156,7 +156,7 @@ def kernel_elements(layer):
 
 
 def _head_copies(lm_head):
-    from vllm_keras_hub.layers import onednn
+    from vllm_keras_hub.layers.linear import onednn
 
     if onednn.handler(lm_head.cpu_linear) is None:
         return "weight only"
@@ -191,9 +191,9 @@ def stage_report(worker):
     from vllm.distributed import get_pp_group
     from vllm.distributed import get_tensor_model_parallel_rank
 
-    from vllm_keras_hub.layers import vocab_parallel
-    from vllm_keras_hub.layers.attention import token_embedding
-    from vllm_keras_hub.layers.attention import transformer_layers
+    from vllm_keras_hub.layers.attention.attention import token_embedding
+    from vllm_keras_hub.layers.attention.attention import transformer_layers
+    from vllm_keras_hub.layers.parallel import vocab_parallel
 
     model = worker.model_runner.model
     stage = model.stage
@@ -285,6 +285,6 @@ def image_rows_report(worker):
     (`image_attention.ATTENDED_ROWS`); run with `collective_rpc`."""
     from vllm.distributed import get_pp_group
 
-    from vllm_keras_hub.layers import image_attention
+    from vllm_keras_hub.layers.attention import image_attention
 
     return get_pp_group().rank_in_group, dict(image_attention.ATTENDED_ROWS)

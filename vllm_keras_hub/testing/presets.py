@@ -13,9 +13,9 @@ import keras
 import keras_hub
 import numpy as np
 
-from vllm_keras_hub.layers import attention
-from vllm_keras_hub.layers import moe_routes
-from vllm_keras_hub.layers import state_routes
+from vllm_keras_hub.layers.attention import attention
+from vllm_keras_hub.layers.moe import moe_routes
+from vllm_keras_hub.layers.state import state_routes
 from vllm_keras_hub.testing.media_encoders import IMAGES
 from vllm_keras_hub.testing.media_encoders import MULTIMODAL
 from vllm_keras_hub.testing.tokenizers import make_tokenizer

@@ -4,7 +4,7 @@ and up), on `models/images.py`'s `ImagesMixin`.
 Its SigLIP encoder's pooled, projected embeddings take the image tokens'
 places, as `Gemma3InterleaveEmbeddings` places them: the text embeddings
 scaled by sqrt(hidden), the images not. Every layer attends bidirectionally
-within each image (`layers/image_attention.py`).
+within each image (`layers/attention/image_attention.py`).
 """
 
 from vllm.model_executor.models.interfaces import SupportsMultiModal

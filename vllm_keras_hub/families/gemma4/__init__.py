@@ -12,13 +12,13 @@ from vllm_keras_hub.export import architectures
 from vllm_keras_hub.families.family import Drafter
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
-from vllm_keras_hub.layers import moe
-from vllm_keras_hub.layers.attention_routes import OUTPUT_AND_CACHE
-from vllm_keras_hub.layers.attention_routes import Route
-from vllm_keras_hub.layers.attention_routes import kv_placeholder
-from vllm_keras_hub.layers.moe_routing import MoERoute
-from vllm_keras_hub.layers.moe_routing import gate_up_down_weights
-from vllm_keras_hub.layers.paged_attention import paged_attention
+from vllm_keras_hub.layers.attention.attention_routes import kv_placeholder
+from vllm_keras_hub.layers.attention.attention_routes import OUTPUT_AND_CACHE
+from vllm_keras_hub.layers.attention.attention_routes import Route
+from vllm_keras_hub.layers.attention.paged_attention import paged_attention
+from vllm_keras_hub.layers.moe import moe
+from vllm_keras_hub.layers.moe.moe_routing import gate_up_down_weights
+from vllm_keras_hub.layers.moe.moe_routing import MoERoute
 
 
 def attention(layer, hidden_states, positions):

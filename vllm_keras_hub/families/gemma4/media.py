@@ -17,7 +17,7 @@ from vllm.model_executor.models.utils import _merge_multimodal_embeddings
 
 from vllm_keras_hub.export.audio_format import frame_tokens
 from vllm_keras_hub.families.gemma4.video import embed_video
-from vllm_keras_hub.layers.attention import token_embedding
+from vllm_keras_hub.layers.attention.attention import token_embedding
 from vllm_keras_hub.models.causal import KerasHubForCausalLM
 from vllm_keras_hub.models.images import ImagesMixin
 from vllm_keras_hub.models.images import register

@@ -50,13 +50,13 @@ from vllm.platforms import current_platform
 from vllm_keras_hub import families
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
-from vllm_keras_hub.layers import attention as attention_layers
 from vllm_keras_hub.layers import eagle3
-from vllm_keras_hub.layers import paged_attention
-from vllm_keras_hub.layers import parallel_linear
 from vllm_keras_hub.layers import step
-from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
-from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
+from vllm_keras_hub.layers.attention import attention as attention_layers
+from vllm_keras_hub.layers.attention import paged_attention
+from vllm_keras_hub.layers.attention.rotary_tables import use_rotary_tables
+from vllm_keras_hub.layers.linear.linear import use_vllm_cpu_gemm
+from vllm_keras_hub.layers.parallel import parallel_linear
 from vllm_keras_hub.loading.preset_weights import LoadedWeights
 from vllm_keras_hub.loading.scope import building_scope
 from vllm_keras_hub.models import pipeline

@@ -13,7 +13,7 @@ In vLLM, a request's prefix is its one image item:
   KerasHub concatenates it (the ViT's output, then the prompt's own token
   embeddings);
 - the scheduler computes the prefix in one step (`disable_chunked_mm_input`,
-  `scheduler.ImageScheduler`), and `layers/image_attention.py` attends its
+  `scheduler.ImageScheduler`), and `layers/attention/image_attention.py` attends its
   rows again, bidirectionally;
 - the item's hash covers the prompt's ids as well as the image. A prefix's
   KV depends on all of it, so a prefix-cache hit (and an encoder-cache hit)

@@ -1,7 +1,7 @@
 """Qwen3.5: hybrid, Gated DeltaNet layers beside gated full attention.
 
 The GDN layers keep their state in vLLM's state cache
-(`layers/state_routes.py`); every 4th layer attends. With images, the
+(`layers/state/state_routes.py`); every 4th layer attends. With images, the
 attention rotates at M-RoPE positions (`media.py`).
 """
 
@@ -12,10 +12,10 @@ from vllm_keras_hub.export import architectures
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
 from vllm_keras_hub.layers import step
-from vllm_keras_hub.layers.attention_routes import Route
-from vllm_keras_hub.layers.attention_routes import attend
-from vllm_keras_hub.layers.attention_routes import partial_rotary
-from vllm_keras_hub.layers.attention_routes import unfused_window
+from vllm_keras_hub.layers.attention.attention_routes import attend
+from vllm_keras_hub.layers.attention.attention_routes import partial_rotary
+from vllm_keras_hub.layers.attention.attention_routes import Route
+from vllm_keras_hub.layers.attention.attention_routes import unfused_window
 
 
 def attention(layer, hidden_states, positions):

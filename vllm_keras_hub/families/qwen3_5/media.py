@@ -22,14 +22,14 @@ from vllm.model_executor.models.interfaces import SupportsMRoPE
 from vllm.model_executor.models.interfaces import SupportsMultiModal
 from vllm.model_executor.models.utils import _merge_multimodal_embeddings
 
-from vllm_keras_hub.layers.attention import token_embedding
+from vllm_keras_hub.families.qwen3_5.inputs import frame_images
+from vllm_keras_hub.families.qwen3_5.inputs import mrope_positions
+from vllm_keras_hub.families.qwen3_5.inputs import to_pixels
+from vllm_keras_hub.layers.attention.attention import token_embedding
 from vllm_keras_hub.models import staged_images
 from vllm_keras_hub.models.hybrid import KerasHubHybridForCausalLM
 from vllm_keras_hub.models.images import ImagesMixin
 from vllm_keras_hub.models.images import register
-from vllm_keras_hub.families.qwen3_5.inputs import frame_images
-from vllm_keras_hub.families.qwen3_5.inputs import mrope_positions
-from vllm_keras_hub.families.qwen3_5.inputs import to_pixels
 from vllm_keras_hub.models.multimodal import image_converter
 from vllm_keras_hub.models.probe import RouteError
 

@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_keras_hub.families import phi3
-from vllm_keras_hub.layers import attention
-from vllm_keras_hub.layers import paged_attention as paged
-from vllm_keras_hub.layers import state_routes
-from vllm_keras_hub.layers import step
-from vllm_keras_hub.layers.attention import transformer_layers
 from vllm_keras_hub import families
+from vllm_keras_hub.families import phi3
+from vllm_keras_hub.layers import step
+from vllm_keras_hub.layers.attention import attention
+from vllm_keras_hub.layers.attention import paged_attention as paged
+from vllm_keras_hub.layers.attention.attention import transformer_layers
+from vllm_keras_hub.layers.state import state_routes
+from vllm_keras_hub.testing.presets import backbone_kwargs
 from vllm_keras_hub.testing.presets import TINY_FAMILIES
 from vllm_keras_hub.testing.presets import WINDOW
-from vllm_keras_hub.testing.presets import backbone_kwargs
 
 OUR_BACKBONES = {
     family.backbone for family in families.FAMILIES if family.route == "vllm_keras_hub"

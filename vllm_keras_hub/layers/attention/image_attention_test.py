@@ -10,11 +10,11 @@ import types
 import pytest
 import torch
 
-from vllm_keras_hub.layers.image_attention import ImageMaskError
-from vllm_keras_hub.layers.image_attention import ImageSplitError
-from vllm_keras_hub.layers.image_attention import image_spans
-from vllm_keras_hub.layers.image_attention import set_step
-from vllm_keras_hub.layers.image_attention import step_spans
+from vllm_keras_hub.layers.attention.image_attention import image_spans
+from vllm_keras_hub.layers.attention.image_attention import ImageMaskError
+from vllm_keras_hub.layers.attention.image_attention import ImageSplitError
+from vllm_keras_hub.layers.attention.image_attention import set_step
+from vllm_keras_hub.layers.attention.image_attention import step_spans
 
 
 def spans(flags, query_start_loc, seq_lens):

@@ -11,7 +11,7 @@ kernel is released: each rank holds only its shard.
 
 import math
 
-from vllm_keras_hub.layers import linear
+from vllm_keras_hub.layers.linear import linear
 from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
 
 

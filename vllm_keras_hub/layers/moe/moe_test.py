@@ -13,12 +13,12 @@ import pytest
 import torch
 from keras import ops
 
-from vllm_keras_hub.layers import moe
-from vllm_keras_hub.layers import moe_routes
 from vllm_keras_hub.layers import step
-from vllm_keras_hub.testing.presets import TINY_FAMILIES
+from vllm_keras_hub.layers.moe import moe
+from vllm_keras_hub.layers.moe import moe_routes
 from vllm_keras_hub.testing.presets import backbone_kwargs
 from vllm_keras_hub.testing.presets import randomize_constant_weights
+from vllm_keras_hub.testing.presets import TINY_FAMILIES
 
 MOE_FAMILIES = ["gemma4_moe", "gpt_oss", "mixtral", "qwen3_5_moe", "qwen3_moe", "qwen_moe"]
 # The kernel sums the chosen experts in another order than KerasHub's

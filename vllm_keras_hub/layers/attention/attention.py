@@ -17,9 +17,9 @@ from keras_hub.src.vllm.context import get_vllm_context
 from vllm_keras_hub import families
 from vllm_keras_hub.families.family import KERAS_HUB
 from vllm_keras_hub.families.family import OURS
-from vllm_keras_hub.layers import state_routes
-from vllm_keras_hub.layers.attention_routes import OUTPUT_AND_CACHE
-from vllm_keras_hub.layers.attention_routes import OUTPUT_WEIGHTS_AND_CACHE
+from vllm_keras_hub.layers.attention.attention_routes import OUTPUT_AND_CACHE
+from vllm_keras_hub.layers.attention.attention_routes import OUTPUT_WEIGHTS_AND_CACHE
+from vllm_keras_hub.layers.state import state_routes
 
 
 def transformer_layers(backbone):

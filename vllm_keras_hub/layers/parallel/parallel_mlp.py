@@ -15,7 +15,7 @@
   its output at 2 ranks differs from 1 rank's.)
 """
 
-from vllm_keras_hub.layers.kernel_readers import BLOCKS
+from vllm_keras_hub.layers.linear.kernel_readers import BLOCKS
 from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
 
 _REDUCED_CLASSES = {}

@@ -22,8 +22,8 @@ import contextlib
 from keras import ops
 from keras_hub.src.vllm.context import vllm_context_scope
 
-from vllm_keras_hub.layers import image_attention
 from vllm_keras_hub.layers import step
+from vllm_keras_hub.layers.attention import image_attention
 
 # The attribute a routed attention layer keeps its kernel in.
 ATTENTION = "_vllm_attention"

@@ -9,7 +9,7 @@ from keras_hub.src.models.phi3.phi3_rotary_embedding import Phi3SuScaledRotaryEm
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.direct_calls_test import serving_step
 from vllm_keras_hub.compile.direct_calls_test import tiny_gemma
-from vllm_keras_hub.layers.rotary_tables import use_rotary_tables
+from vllm_keras_hub.layers.attention.rotary_tables import use_rotary_tables
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

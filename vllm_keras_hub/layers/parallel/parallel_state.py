@@ -19,7 +19,7 @@ and its state in vLLM's state cache holds only them. The layer's own
 
 import torch
 
-from vllm_keras_hub.layers import linear_shards
+from vllm_keras_hub.layers.parallel import linear_shards
 from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
 
 

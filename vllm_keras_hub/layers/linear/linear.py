@@ -24,9 +24,9 @@ import torch
 from keras import ops
 
 from vllm_keras_hub.compile.direct_calls import direct_call
-from vllm_keras_hub.layers import kernel_readers
-from vllm_keras_hub.layers import onednn
-from vllm_keras_hub.layers import tied_output
+from vllm_keras_hub.layers.linear import kernel_readers
+from vllm_keras_hub.layers.linear import onednn
+from vllm_keras_hub.layers.linear import tied_output
 from vllm_keras_hub.loading import heap
 
 _GEMM_CLASSES = {}

@@ -117,7 +117,7 @@ def build(routed, prefix, dtype, first_index=0):
     """
     from vllm.logger import init_logger
 
-    from vllm_keras_hub.layers import state
+    from vllm_keras_hub.layers.state import state
 
     states = []
     reasons = set()

@@ -10,8 +10,8 @@ from keras import ops
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.direct_calls_test import serving_step
 from vllm_keras_hub.compile.direct_calls_test import tiny_gemma
-from vllm_keras_hub.layers.linear import matmul_plan
-from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
+from vllm_keras_hub.layers.linear.linear import matmul_plan
+from vllm_keras_hub.layers.linear.linear import use_vllm_cpu_gemm
 
 # Same math, another kernel library: float32 sums differ in the last bits.
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
@@ -244,7 +244,7 @@ import resource
 from vllm_keras_hub import backend
 backend.default_to_torch()
 import keras, psutil, torch
-from vllm_keras_hub.layers.linear import use_vllm_cpu_gemm
+from vllm_keras_hub.layers.linear.linear import use_vllm_cpu_gemm
 from vllm_keras_hub.loading.heap import release_free_memory
 
 def maxrss():
@@ -305,11 +305,11 @@ def test_gemma4_blocks_multiply_by_their_packed_mlp_kernels(family):
     the block's own code multiplies by them on vLLM's GEMM (compiled with
     no graph break: `model_test.py`'s parity runs compile with
     `fullgraph`)."""
-    from vllm_keras_hub.layers import attention
-    from vllm_keras_hub.layers import attention_test
-    from vllm_keras_hub.layers.attention_test import family_of
-    from vllm_keras_hub.layers.attention_test import tiny_backbone
-    from vllm_keras_hub.layers.kernel_readers import BLOCKS
+    from vllm_keras_hub.layers.attention import attention_test
+    from vllm_keras_hub.layers.attention import attention
+    from vllm_keras_hub.layers.attention.attention_test import family_of
+    from vllm_keras_hub.layers.attention.attention_test import tiny_backbone
+    from vllm_keras_hub.layers.linear.kernel_readers import BLOCKS
 
     backbone = tiny_backbone(family)
     attention.install(backbone, family_of(family))

@@ -7,8 +7,8 @@ What a route is: `moe_routing.py`.
 import types
 
 from vllm_keras_hub import families
-from vllm_keras_hub.layers import moe
-from vllm_keras_hub.layers.moe_routing import MoERouteError
+from vllm_keras_hub.layers.moe import moe
+from vllm_keras_hub.layers.moe.moe_routing import MoERouteError
 
 # MoE block class name -> its `MoERoute`, from every family.
 ROUTES = families.MOE_ROUTES

@@ -23,14 +23,14 @@ rank's. The output head and the input embedding hold the rank's rows of the
 vocabulary (`vocab_parallel.py`).
 """
 
-from vllm_keras_hub.layers import kernel_readers
-from vllm_keras_hub.layers import linear_shards
-from vllm_keras_hub.layers import moe_routes
-from vllm_keras_hub.layers import parallel_mlp
-from vllm_keras_hub.layers import parallel_state
-from vllm_keras_hub.layers import state_routes
-from vllm_keras_hub.layers import vocab_parallel
-from vllm_keras_hub.layers.attention import routing_layers
+from vllm_keras_hub.layers.attention.attention import routing_layers
+from vllm_keras_hub.layers.linear import kernel_readers
+from vllm_keras_hub.layers.moe import moe_routes
+from vllm_keras_hub.layers.parallel import linear_shards
+from vllm_keras_hub.layers.parallel import parallel_mlp
+from vllm_keras_hub.layers.parallel import parallel_state
+from vllm_keras_hub.layers.parallel import vocab_parallel
+from vllm_keras_hub.layers.state import state_routes
 from vllm_keras_hub.loading import heap
 from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
 
@@ -260,7 +260,7 @@ def shard_stage(stage, weights, prefix):
     from vllm.distributed import get_tensor_model_parallel_world_size
     from vllm.logger import init_logger
 
-    from vllm_keras_hub.layers.attention import token_embedding
+    from vllm_keras_hub.layers.attention.attention import token_embedding
 
     ranks = get_tensor_model_parallel_world_size()
     if ranks == 1:

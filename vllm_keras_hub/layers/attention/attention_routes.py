@@ -6,7 +6,7 @@ own rotary layer at vLLM's per-token positions, unexpanded K/V with the
 layer's own scale, sliding window, soft cap, ALiBi slopes or sinks to the
 layer's own kernel (`paged_attention.py`), then its own output projection.
 Each takes `(layer, hidden_states, positions)`, positions shaped
-`(num_tokens, 1)`. `layers/attention.py` installs them.
+`(num_tokens, 1)`. `layers/attention/attention.py` installs them.
 """
 
 import dataclasses
@@ -14,7 +14,7 @@ import dataclasses
 from keras import ops
 from keras_hub.src.utils.keras_utils import fused_attention_op_available
 
-from vllm_keras_hub.layers.paged_attention import paged_attention
+from vllm_keras_hub.layers.attention.paged_attention import paged_attention
 
 # What an attention layer's `call` returns, as its decoder unpacks it.
 OUTPUT = "output"  # and `(output, cache)` where a cache is passed

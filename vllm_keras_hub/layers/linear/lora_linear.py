@@ -27,8 +27,8 @@ import math
 
 import torch
 
-from vllm_keras_hub.layers import kernel_readers
-from vllm_keras_hub.layers import linear
+from vllm_keras_hub.layers.linear import kernel_readers
+from vllm_keras_hub.layers.linear import linear
 from vllm_keras_hub.lora import merged as lora
 
 MODULES = "lora_layers"

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import keras
 from keras import ops
 
-from vllm_keras_hub.layers import moe
+from vllm_keras_hub.layers.moe import moe
 
 
 class MoERouteError(ValueError):
