@@ -28,21 +28,15 @@ from vllm.logger import init_logger
 from vllm.model_executor.models.utils import (
     make_empty_intermediate_tensors_factory,
 )
-from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 
 from vllm_keras_hub import families
 from vllm_keras_hub import settings
-from vllm_keras_hub import speculative
-from vllm_keras_hub.compile.direct_calls import use_direct_calls
-from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
 from vllm_keras_hub.export.hf_config import LOAD_FORMAT
 from vllm_keras_hub.layers import eagle3
 from vllm_keras_hub.layers import step
 from vllm_keras_hub.layers.attention import attention as attention_layers
 from vllm_keras_hub.layers.attention import paged_attention
-from vllm_keras_hub.layers.attention.rotary_tables import use_rotary_tables
-from vllm_keras_hub.layers.linear.linear import use_vllm_cpu_gemm
 from vllm_keras_hub.layers.moe import moe_routes
 from vllm_keras_hub.layers.parallel import parallel_linear
 from vllm_keras_hub.layers.state import state_routes
@@ -50,10 +44,10 @@ from vllm_keras_hub.loading import heap
 from vllm_keras_hub.loading import preset_weights
 from vllm_keras_hub.loading.load_format import backbone_dtype
 from vllm_keras_hub.loading.load_format import task_final_logit_cap
-from vllm_keras_hub.loading.scope import building_scope
 from vllm_keras_hub.lora import merged as lora
 from vllm_keras_hub.models import pipeline
 from vllm_keras_hub.models import probe
+from vllm_keras_hub.models.load_steps import LoadSteps
 from vllm_keras_hub.preset import served
 from vllm_keras_hub.vllm_fixes import apply_for_model
 
@@ -71,7 +65,7 @@ compiled = support_torch_compile(
 )
 
 
-class KerasHubBase(nn.Module):
+class KerasHubBase(LoadSteps, nn.Module):
     """A KerasHub preset's backbone in vLLM's model runner, loaded as named steps.
 
     Under pipeline parallelism each rank holds and runs its stage of the
@@ -87,8 +81,6 @@ class KerasHubBase(nn.Module):
     takes_embeddings = False
     # The preset's image format (`export/image_format.py`); `None`: text only.
     image = None
-    # Whether attention is bidirectional, through vLLM's encoder-only kind.
-    encoder_only = False
 
     def __init__(self, *, vllm_config, prefix=""):
         super().__init__()
@@ -114,14 +106,14 @@ class KerasHubBase(nn.Module):
         # Each of the preset's files is read once, by whichever step first asks.
         self.preset = served(hf_config.keras_hub_preset)
         self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
         # vLLM names a draft model's modules under `draft_model`, with no dot.
         self.prefix = f"{prefix}." if prefix and not prefix.endswith(".") else prefix
         self.backbone = None
         self.stage = None
         self._final_logit_cap = None
-        self.attention = nn.ModuleList()
+        self._init_steps()
         self.moe = nn.ModuleList()
-        self.moe_blocks = []
         # One vLLM state layer per recurrent-state layer (hybrid presets).
         self.states = nn.ModuleList()
         # vLLM's parallel linear layers holding this rank's shards, and
@@ -133,14 +125,6 @@ class KerasHubBase(nn.Module):
         self.model = None
         # vLLM linears under the LoRA-capable matmuls (with --enable-lora).
         self.lora_layers = nn.ModuleDict()
-        # Each attending layer's kernel, in layer order (`paged_attention.py`).
-        self.kernels = []
-        self._route_layers = []
-        self._state_layers = []
-        # Matmul layers moved to vLLM's prepacked CPU GEMM (`layers/linear/linear.py`).
-        self.cpu_gemm_layers = 0
-        # The backbone's index of each vLLM `Attention`'s layer.
-        self.attending_layers = []
 
     @property
     def _name(self):
@@ -195,9 +179,6 @@ class KerasHubBase(nn.Module):
         self._final_logit_cap = task_final_logit_cap(self.preset)
         self.model = eagle3.EagleTarget(backbone)
 
-    def _vllm_scope(self):
-        return building_scope(self.vllm_config)
-
     def _own_stage(self, backbone, weights):
         """This rank's pipeline stage; the other stages' weights are never read."""
         from vllm.distributed import get_pp_group
@@ -226,20 +207,6 @@ class KerasHubBase(nn.Module):
             lora_weights, rank, lora.merge_lora(backbone),
         )  # fmt: skip
 
-    def _install_routes(self, backbone, stage):
-        """Points the stage's layers at vLLM; returns its state layers, MoE blocks."""
-        state_layers = state_routes.install(stage.layers)
-        attention_layers.install(backbone, self.family)
-        moe_blocks = moe_routes.install(
-            backbone, stage.layers if stage.size > 1 else None
-        )
-        use_direct_calls(backbone)
-        if stage.model is not None:
-            use_direct_calls(stage.model)
-        use_rotary_tables(backbone, self.vllm_config.model_config.max_model_len)
-        substitute_keras_helpers()
-        return state_layers, moe_blocks
-
     def _build_shards(self, stage, weights, moe_blocks):
         """vLLM's parallel linears and fused experts, each holding this rank's shard."""
         linears, self.lm_head, self.logits_processor = parallel_linear.shard_stage(
@@ -263,60 +230,8 @@ class KerasHubBase(nn.Module):
     def _build_adapters(self, backbone, stage):
         """The vLLM layers adapters need (`mixins.LoRAMixin`); none here."""
 
-    def _probe(self, stage, state_layers, moe_blocks):
-        """One token through the stage: every layer must route to vLLM."""
-        routes = probe.run(stage, moe_blocks, state_layers)
-        probe.check_attention_routes(routes, stage.layers, self._name)
-        probe.check_moe_routes(routes, moe_blocks, self._name)
-        probe.check_state_routes(routes, state_layers, self._name)
-        attending = attention_layers.attention_indices(stage.layers)
-        probe.check_kv_sharing(routes.specs, [stage.start + index for index in attending])
-        self.attention_specs = routes.specs
-        self._state_layers = state_layers
-        return routes
-
-    def _use_cpu_gemm(self, backbone, stage):
-        if not current_platform.is_cpu():
-            return
-        self.cpu_gemm_layers = use_vllm_cpu_gemm(
-            backbone, lambda: self._serving_step(stage)
-        )
-        logger.info(
-            "%d KerasHub matmul layers run on vLLM's CPU GEMM", self.cpu_gemm_layers
-        )
-
-    def _build_attention(self, stage, routes):
-        """One vLLM `Attention` per attending layer of the stage, bound to it."""
-        if self.prefix == f"{speculative.DRAFT_PREFIX}.":
-            speculative.check_draft_attention(
-                routes.specs,
-                not self.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager,
-                self._name,
-            )
-        attending = attention_layers.attention_indices(stage.layers)
-        self.attending_layers = [stage.start + index for index in attending]
-        self.attention = nn.ModuleList(
-            attention_layers.build(
-                routes.specs,
-                f"{self.prefix}attention.",
-                self.vllm_config.cache_config,
-                self.attending_layers,
-                encoder_only=self.encoder_only,
-            )
-        )
-        self.kernels = [
-            paged_attention.Served(attention, self._dtype, index)
-            for index, attention in enumerate(self.attention)
-        ]
-        paged_attention.bind(routes.attention_layers, self.kernels)
-        self._route_layers = routes.attention_layers
-
     def _check_backbone(self, backbone):
         """Raises for a backbone this model class cannot serve exactly."""
-
-    def _serving_step(self, stage):
-        """Runs the backbone once as serving will (the CPU GEMM's check)."""
-        probe.run(stage, self.moe_blocks, self._state_layers)
 
     def embed_input_ids(self, input_ids):
         """The token embedding (Gemma3n's includes its embedding scale)."""

@@ -45,22 +45,15 @@ import torch
 from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.model_executor.models.utils import maybe_prefix
-from vllm.platforms import current_platform
 
 from vllm_keras_hub import families
-from vllm_keras_hub.compile.direct_calls import use_direct_calls
-from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
 from vllm_keras_hub.layers import eagle3
 from vllm_keras_hub.layers import step
-from vllm_keras_hub.layers.attention import attention as attention_layers
 from vllm_keras_hub.layers.attention import paged_attention
-from vllm_keras_hub.layers.attention.rotary_tables import use_rotary_tables
-from vllm_keras_hub.layers.linear.linear import use_vllm_cpu_gemm
 from vllm_keras_hub.layers.parallel import parallel_linear
 from vllm_keras_hub.loading.preset_weights import LoadedWeights
-from vllm_keras_hub.loading.scope import building_scope
 from vllm_keras_hub.models import pipeline
-from vllm_keras_hub.models import probe
+from vllm_keras_hub.models.load_steps import LoadSteps
 from vllm_keras_hub.speculative import DRAFT_PREFIX
 
 
@@ -86,12 +79,13 @@ class DrafterInputs(nn.Module):
         "inputs_embeds": 0,
     }
 )
-class KerasHubGemma4MTP(nn.Module):
+class KerasHubGemma4MTP(LoadSteps, nn.Module):
     """A KerasHub Gemma4 assistant preset as vLLM's Gemma4 MTP drafter.
 
     Built empty by the `keras_hub` loader for a draft config whose type is
-    `gemma4_mtp`; `load_preset()` then loads the preset's task and builds a
-    vLLM `Attention` per decoder block over its target layer's cache.
+    `gemma4_mtp`; `load_preset()` then loads the preset's task and, with
+    the model classes' load steps (`models/load_steps.py`), builds a vLLM
+    `Attention` per decoder block over its target layer's cache.
 
     Args:
         vllm_config: The engine's `VllmConfig`; the drafter's
@@ -99,6 +93,9 @@ class KerasHubGemma4MTP(nn.Module):
             `draft_model_config.hf_config`, as vLLM's `Gemma4MTP` reads it.
         prefix: Module prefix vLLM gives the drafter.
     """
+
+    # Its layers read the target's cache (`_target_names`), not their own.
+    reads_target_cache = True
 
     def __init__(self, *, vllm_config, prefix=""):
         super().__init__()
@@ -110,7 +107,7 @@ class KerasHubGemma4MTP(nn.Module):
         self.family = families.family_by_name(hf_config.keras_hub_family)
         # As vLLM's `Gemma4MTP` names its layers (the proposer gives none).
         self.prefix = f"{maybe_prefix(prefix, DRAFT_PREFIX)}."
-        self.attention = nn.ModuleList()
+        self._init_steps()
         # vLLM's parallel linears holding this rank's shards (TP only).
         self.parallel_linears = nn.ModuleList()
         self.model = None
@@ -134,8 +131,8 @@ class KerasHubGemma4MTP(nn.Module):
                 f"{self._name} takes no merged adapter (lora_weights="
                 f"{lora_weights!r} is the target's)."
             )
-        model_config = self.model_config
-        dtype = str(model_config.dtype).removeprefix("torch.")
+        self._dtype = self.model_config.dtype
+        dtype = str(self._dtype).removeprefix("torch.")
         task = keras_hub.models.Gemma4AssistantCausalLM.from_preset(
             self.preset, dtype=dtype, preprocessor=None
         )
@@ -143,43 +140,28 @@ class KerasHubGemma4MTP(nn.Module):
         stage = pipeline.stage(backbone)
         # Any value routes a layer to its query only; `_target_names` then
         # names the target layer whose cache its vLLM `Attention` reads.
-        attention_layers.install(
-            backbone, self.family, kv_sharing_targets=["target"] * len(stage.layers)
+        # Loaded whole by `from_preset`: any experts stay Keras's own.
+        self._install_routes(
+            backbone,
+            stage,
+            kv_sharing_targets=["target"] * len(stage.layers),
+            experts=False,
         )
-        use_direct_calls(backbone)
-        use_rotary_tables(backbone, model_config.max_model_len)
-        substitute_keras_helpers()
         with self._vllm_scope():
             self.parallel_linears = nn.ModuleList(self._shards(stage))
-        routes = probe.run(stage)
-        probe.check_attention_routes(routes, stage.layers, self._name)
-        if current_platform.is_cpu():
-            # The projections and blocks on vLLM's packed GEMM, as the target's.
-            use_vllm_cpu_gemm(task, lambda: probe.run(stage))
+        routes = self._probe(stage)
+        # The projections and blocks on vLLM's packed GEMM, as the target's.
+        self._use_cpu_gemm(task, stage)
         targets = _target_names(
             self.vllm_config.compilation_config.static_forward_context,
             self.prefix,
             routes.specs,
             self._name,
         )
-        with self._vllm_scope():
-            self.attention = nn.ModuleList(
-                attention_layers.build(
-                    routes.specs,
-                    f"{self.prefix}attention.",
-                    self.vllm_config.cache_config,
-                    list(range(len(routes.specs))),
-                    target_names=targets,
-                )
-            )
         # Every layer reads its target's cache and writes none.
-        self.kernels = [
-            paged_attention.Served(attention, model_config.dtype, index)
-            for index, attention in enumerate(self.attention)
-        ]
-        paged_attention.bind(routes.attention_layers, self.kernels)
+        with self._vllm_scope():
+            self._build_attention(stage, routes, target_names=targets)
         self._task = task
-        self._dtype = model_config.dtype
         self.model = DrafterInputs(eagle3.SharedEmbedding(backbone))
         target = self.vllm_config.model_config.hf_config
         if getattr(target, "keras_hub_image", None) and not hasattr(
@@ -189,9 +171,6 @@ class KerasHubGemma4MTP(nn.Module):
             # onto its drafter's config (`SpecDecodeBaseProposer.load_model`)
             # for drafters that take image embeddings; this one takes none.
             target.image_token_index = None
-
-    def _vllm_scope(self):
-        return building_scope(self.vllm_config)
 
     def _shards(self, stage):
         """This rank's shards of the blocks' matmuls; none at one rank."""
