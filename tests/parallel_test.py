@@ -124,7 +124,7 @@ def _single_rank(preset):
         for layer in map(state_routes.state_layer, attention.transformer_layers(backbone))
         if layer is not None
     ]
-    return probe.run(pipeline.stage(backbone)).specs, widths, gdn
+    return probe.run(pipeline.stage(backbone), blocks).specs, widths, gdn
 
 
 @pytest.mark.parametrize("family", sorted(CASES))

@@ -117,11 +117,10 @@ def _announced(probe, layer):
 def run(stage, moe_blocks=(), state_layers=()):
     """Runs one token through a pipeline stage, recording each route's options.
 
-    For the one step, every routed layer's kernel is a recorder: every
-    layer's with a route to vLLM (`paged_attention.ATTENTION`, and the
-    kernels keras-hub's bridge hands out),
-    `moe_blocks`' experts and `state_layers`' states. Their own kernels, if
-    bound, are restored after.
+    For its one step, recorders stand in for every routed layer's kernel:
+    each attention layer's (`paged_attention.ATTENTION`, and what
+    keras-hub's bridge hands out), `moe_blocks`' experts and
+    `state_layers`' states. Kernels already bound are restored after.
 
     Args:
         stage: A `pipeline.Stage` of a loaded backbone (the whole backbone
