@@ -76,7 +76,8 @@ def speed(tree, model, out, timeout):
     run(tree, ["bench/run.py", "--models", model, "--systems", "keras_hub",
                "--dtypes", "float32", "--out", out], timeout)
     with open(out) as f:
-        (result,) = [r for r in json.load(f)["results"] if r["system"] == "keras_hub"]
+        results = json.load(f)["models"][model]["results"]
+    (result,) = [r for r in results if r["system"] == "keras_hub"]
     if "error" in result:
         raise RuntimeError(f"{model} in {tree}: {result['error']}")
     return {label: value(result, key) for key, label, _ in RUN_METRICS}
