@@ -158,8 +158,9 @@ def main():
         })
     print(f"\n{'bench':<18} {'metric':<34} {'before':>10} {'after':>10} {'after/before':>13}")
     for row in rows:
+        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3f}"
         print(f"{row['bench']:<18} {row['metric']:<34} {row['before']:>10.1f} "
-              f"{row['after']:>10.1f} {row['ratio']:>13.3f}")
+              f"{row['after']:>10.1f} {ratio:>13}")
     commits = {
         ref: subprocess.run(["git", "rev-parse", ref], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
