@@ -109,6 +109,39 @@ def plot(rows, path, before, after):
     fig.savefig(path, dpi=120)
 
 
+def summarize(samples, args, final):
+    higher = {label: up for _, label, up in RUN_METRICS + MEMORY_METRICS}
+    rows = []
+    for (name, metric), by_ref in samples.items():
+        before = [x for x in by_ref.get(args.before, []) if x is not None]
+        after = [x for x in by_ref.get(args.after, []) if x is not None]
+        if not before or not after:
+            continue
+        b, a = statistics.median(before), statistics.median(after)
+        rows.append({
+            "bench": name, "metric": metric, "before": b, "after": a,
+            "ratio": a / b if b else None, "higher_is_better": higher[metric],
+            "before_samples": before, "after_samples": after,
+        })
+    print(f"\n{'bench':<18} {'metric':<34} {'before':>10} {'after':>10} {'after/before':>13}")
+    for row in rows:
+        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3f}"
+        print(f"{row['bench']:<18} {row['metric']:<34} {row['before']:>10.1f} "
+              f"{row['after']:>10.1f} {ratio:>13}")
+    commits = {
+        ref: subprocess.run(["git", "rev-parse", ref], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+        for ref in (args.before, args.after)
+    }
+    with open(args.out, "w") as f:
+        json.dump({"before": commits[args.before], "after": commits[args.after],
+                   "repeats": args.repeats, "complete": final, "rows": rows}, f, indent=1)
+    plot([r for r in rows if r["ratio"] is not None],
+         os.path.splitext(args.out)[0] + ".png", args.before, args.after)
+    if final:
+        print(f"\nwrote {args.out}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", required=True, help="a commit of this repo")
@@ -140,38 +173,12 @@ def main():
                         )
                         for metric, number in measured.items():
                             samples.setdefault((name, metric), {}).setdefault(ref, []).append(number)
+                    # Written as each bench completes, so a stopped run keeps what it measured.
+                    summarize(samples, args, final=False)
         finally:
             for path in trees.values():
                 subprocess.run(["git", "worktree", "remove", "--force", path], cwd=ROOT)
-    higher = {label: up for _, label, up in RUN_METRICS + MEMORY_METRICS}
-    rows = []
-    for (name, metric), by_ref in samples.items():
-        before = [x for x in by_ref.get(args.before, []) if x is not None]
-        after = [x for x in by_ref.get(args.after, []) if x is not None]
-        if not before or not after:
-            continue
-        b, a = statistics.median(before), statistics.median(after)
-        rows.append({
-            "bench": name, "metric": metric, "before": b, "after": a,
-            "ratio": a / b if b else None, "higher_is_better": higher[metric],
-            "before_samples": before, "after_samples": after,
-        })
-    print(f"\n{'bench':<18} {'metric':<34} {'before':>10} {'after':>10} {'after/before':>13}")
-    for row in rows:
-        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3f}"
-        print(f"{row['bench']:<18} {row['metric']:<34} {row['before']:>10.1f} "
-              f"{row['after']:>10.1f} {ratio:>13}")
-    commits = {
-        ref: subprocess.run(["git", "rev-parse", ref], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-        for ref in (args.before, args.after)
-    }
-    with open(args.out, "w") as f:
-        json.dump({"before": commits[args.before], "after": commits[args.after],
-                   "repeats": args.repeats, "rows": rows}, f, indent=1)
-    plot([r for r in rows if r["ratio"] is not None],
-         os.path.splitext(args.out)[0] + ".png", args.before, args.after)
-    print(f"\nwrote {args.out}")
+    summarize(samples, args, final=True)
 
 
 if __name__ == "__main__":
