@@ -21,6 +21,7 @@ from vllm import PoolingParams
 from vllm.exceptions import VLLMValidationError
 
 from vllm_keras_hub import settings
+from vllm_keras_hub import tasks
 from vllm_keras_hub.entrypoints.llm import KerasHubLLM
 from vllm_keras_hub.export import embedder as embedder_lib
 from vllm_keras_hub.testing.embedders import keras_hub_embeddings
@@ -146,13 +147,13 @@ def test_vllm_schedules_as_the_pooling_allows(llm, name):
 
 def test_a_text_longer_than_the_exact_bidirectional_window_is_refused(shared):
     preset = shared.embedder("embedding_gemma")
-    with pytest.raises(embedder_lib.EmbedderError, match="at most 32 tokens"):
+    with pytest.raises(tasks.PoolingTaskError, match="at most 32 tokens"):
         KerasHubLLM(f"keras_hub:{preset}", **{**TEST_ENGINE_KWARGS, "max_model_len": 64})
 
 
 def test_tensor_parallelism_is_refused(shared):
     preset = shared.embedder("qwen3_last")
-    with pytest.raises(settings.UnsupportedEmbedderSettingError, match="tensor"):
+    with pytest.raises(settings.UnsupportedPoolingSettingError, match="tensor"):
         KerasHubLLM(f"keras_hub:{preset}", tensor_parallel_size=2, **TEST_ENGINE_KWARGS)
 
 
@@ -174,7 +175,7 @@ def test_an_unproven_engine_setting_is_refused(shared, case):
     name, value, what = UNPROVEN[case]
     preset = shared.embedder("qwen3_last")
     with pytest.raises(
-        settings.UnsupportedEmbedderSettingError, match=f"served without {what} \\({name}="
+        settings.UnsupportedPoolingSettingError, match=f"served without {what} \\({name}="
     ):
         KerasHubLLM(f"keras_hub:{preset}", **{**TEST_ENGINE_KWARGS, name: value})
 
@@ -185,7 +186,7 @@ def test_an_encoder_preset_that_is_no_embedder_is_refused(shared, tmp_path):
     embedder = shared.embedder("bert_mean")
     keras_hub.models.Backbone.from_preset(embedder).save_to_preset(str(tmp_path / "bert"))
     keras_hub.tokenizers.Tokenizer.from_preset(embedder).save_to_preset(str(tmp_path / "bert"))
-    with pytest.raises(embedder_lib.EmbedderError, match="served only as one"):
+    with pytest.raises(tasks.PoolingTaskError, match="served only as one of these: "):
         KerasHubLLM(f"keras_hub:{tmp_path / 'bert'}", **TEST_ENGINE_KWARGS)
 
 

@@ -13,6 +13,7 @@ import os
 
 from vllm_keras_hub import families
 from vllm_keras_hub import speculative
+from vllm_keras_hub import tasks
 from vllm_keras_hub.export import architectures
 from vllm_keras_hub.export.image_format import needs_whole_images
 from vllm_keras_hub.export.image_format import read_image_format
@@ -132,15 +133,15 @@ def _kv_connector(kv_transfer_config):
     return getattr(kv_transfer_config, "kv_connector", None)
 
 
-class UnsupportedEmbedderSettingError(ValueError):
-    """An engine setting a text embedder is not served with."""
+class UnsupportedPoolingSettingError(ValueError):
+    """An engine setting a pooling task (`tasks/`) is not served with."""
 
 
-def check_embedder_settings(task, values):
-    """Raises for engine settings a text embedder is not served with.
+def check_pooling_settings(task, values):
+    """Raises for engine settings a pooling task is not served with.
 
     Args:
-        task: The embedder's `TextEmbedder` class name.
+        task: Its KerasHub task class name (a `TextEmbedder`, ...).
         values: vLLM engine arguments by name.
     """
     refused = {
@@ -154,9 +155,9 @@ def check_embedder_settings(task, values):
         # `True == 1`: `enable_lora=True` must not pass as a size of one.
         if value is None or value is False or (value == 1 and value is not True):
             continue
-        raise UnsupportedEmbedderSettingError(
+        raise UnsupportedPoolingSettingError(
             f"{task} presets are served without {what} ({name}={value!r}): "
-            "vllm-keras-hub's embedder serving is proven on one worker, "
+            "vllm-keras-hub's pooling models are proven on one worker, "
             "without adapters or drafts, only."
         )
 
@@ -215,8 +216,8 @@ def settle(folder, values, given):
     )
     if kv_cache_bytes is not None:
         updates["kv_cache_memory_bytes"] = kv_cache_bytes
-    if folder.embedder:
-        check_embedder_settings(folder.embedder["task"], {**values, **updates})
+    if folder.pooling:
+        check_pooling_settings(folder.pooling["task"], {**values, **updates})
         return updates
     check(folder.family, folder.images, {**values, **updates})
     return updates
@@ -251,8 +252,8 @@ def chat_parser_flags(folder, values):
 
 def verify(vllm_config):
     """Raises for the engine's settings where its KerasHub model folder
-    cannot be served exactly: `check`, and `check_embedder_settings` for
-    an embedder, on vLLM's own config.
+    cannot be served exactly: `check`, and `check_pooling_settings` for
+    a pooling task, on vLLM's own config.
 
     vLLM calls it as it builds the config (`entrypoints/verify.py`), in the
     front end of every way in, plain `vllm` commands included; the model
@@ -262,9 +263,9 @@ def verify(vllm_config):
     values = engine_values(vllm_config)
     family = families.family_by_name(hf_config.keras_hub_family)
     check(family, read_image_format(hf_config), values)
-    embedder = getattr(hf_config, "keras_hub_embedder", None)
-    if embedder is not None:
-        check_embedder_settings(embedder["task"], values)
+    _, pooling = tasks.of_config(hf_config)
+    if pooling is not None:
+        check_pooling_settings(pooling["task"], values)
 
 
 def engine_values(vllm_config):

@@ -248,9 +248,9 @@ def _check_drafter_kind(draft, preset, method):
 
 
 def _check_draft_folder(draft, preset):
-    if draft.embedder:
+    if draft.pooling:
         raise UnsupportedSpeculativeConfigError(
-            f"The draft {preset!r} is a text embedder; a draft must generate."
+            f"The draft {preset!r} is a {draft.pooling['task']}; a draft must generate."
         )
     if draft.images:
         raise UnsupportedSpeculativeConfigError(

@@ -157,8 +157,11 @@ def export(model, directory):
     print(f"Wrote {directory}. Serve it with vLLM (vllm-keras-hub installed):")
     print(f"  vllm serve {directory} {flags}")
     print(f"  python -m vllm.entrypoints.openai.api_server --model {directory} {flags}")
-    if folder.embedder:
-        print("A text embedder: vLLM serves it with its pooling runner (/v1/embeddings).")
+    if folder.pooling:
+        print(
+            f"A {folder.pooling['task']}: vLLM serves it with its pooling runner "
+            f"({folder.pooling_task.endpoint})."
+        )
 
 
 def convert_lora(model, adapter):
@@ -227,16 +230,16 @@ def main(argv=None):
     else:
         args = parser.parse_args(argv)
 
-    from vllm_keras_hub.export.embedder import EmbedderError
     from vllm_keras_hub.export.preset_folder import PresetError
     from vllm_keras_hub.hybrid_settings import UnsupportedHybridConfigError
     from vllm_keras_hub.lora.adapters import UnsupportedLoraError
     from vllm_keras_hub.lora.merged import LoraAdapterError
     from vllm_keras_hub.families import UnsupportedFamilyError
     from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
-    from vllm_keras_hub.settings import UnsupportedEmbedderSettingError
+    from vllm_keras_hub.settings import UnsupportedPoolingSettingError
     from vllm_keras_hub.settings import UnsupportedImageServingError
     from vllm_keras_hub.speculative import UnsupportedSpeculativeConfigError
+    from vllm_keras_hub.tasks import PoolingTaskError
 
     try:
         if args.command == "serve":
@@ -247,8 +250,8 @@ def main(argv=None):
             export(args.model, args.directory)
     except (
         PresetError,
-        EmbedderError,
-        UnsupportedEmbedderSettingError,
+        PoolingTaskError,
+        UnsupportedPoolingSettingError,
         UnsupportedFamilyError,
         UnsupportedParallelismError,
         UnsupportedHybridConfigError,

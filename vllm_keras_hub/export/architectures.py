@@ -1,8 +1,9 @@
 """The vLLM model classes vllm-keras-hub registers, and the choice of one.
 
 vLLM picks a model class by the `architectures` a folder's `config.json`
-names. `choose` is the one place that decides it for a preset; `CLASSES`
-is what the plugin registers, by module path, so registering imports no
+names. `choose` is the one place that decides it for a generating preset
+(a pooling task's spec names its own, `tasks/`); `CLASSES` is what the
+plugin registers, by module path, so registering imports no
 Keras (see `plugin.py`).
 
 The names are our own (`KerasHubTorch...`, as the config's `model_type` is
@@ -12,10 +13,11 @@ name first would serve the other's folders. `FORMER` keeps the names older
 folders carry readable, wherever nothing else holds them.
 """
 
+from vllm_keras_hub import tasks
+
 CAUSAL = "KerasHubTorchForCausalLM"
 # Presets that mix attention with recurrent-state layers.
 HYBRID = "KerasHubTorchHybridForCausalLM"
-EMBEDDING = "KerasHubTorchForEmbedding"
 # Presets served with images: one class per family, as vLLM names a
 # multimodal model class per family, since each has its own placeholder.
 GEMMA3_VISION = "KerasHubTorchGemma3VisionForCausalLM"
@@ -31,25 +33,26 @@ _FAMILIES = "vllm_keras_hub.families"
 CLASSES = {
     CAUSAL: f"{_MODELS}.causal:KerasHubForCausalLM",
     HYBRID: f"{_MODELS}.hybrid:KerasHubHybridForCausalLM",
-    EMBEDDING: f"{_MODELS}.pooling:KerasHubForEmbedding",
     # A family's own class, in its folder (`families/<name>/media.py`).
     GEMMA3_VISION: f"{_FAMILIES}.gemma3.media:KerasHubGemma3VisionForCausalLM",
     GEMMA3N_VISION: f"{_FAMILIES}.gemma3n.media:KerasHubGemma3nVisionForCausalLM",
     GEMMA4_VISION: f"{_FAMILIES}.gemma4.media:KerasHubGemma4VisionForCausalLM",
     PREFIX_LM: f"{_FAMILIES}.pali_gemma.media:KerasHubPaliGemmaForCausalLM",
     MROPE: f"{_FAMILIES}.qwen3_5.media:KerasHubQwen3_5VisionForCausalLM",
+    # Each pooling task's class (`tasks/`).
+    **tasks.CLASSES,
 }
 
 # The names folders written before these carry -> ours.
 FORMER = {
     "KerasHubForCausalLM": CAUSAL,
     "KerasHubHybridForCausalLM": HYBRID,
-    "KerasHubForEmbedding": EMBEDDING,
     "KerasHubVisionForCausalLM": GEMMA3_VISION,
     "KerasHubGemma3nVisionForCausalLM": GEMMA3N_VISION,
     "KerasHubGemma4VisionForCausalLM": GEMMA4_VISION,
     "KerasHubPaliGemmaForCausalLM": PREFIX_LM,
     "KerasHubQwen3_5VisionForCausalLM": MROPE,
+    **tasks.FORMER,
 }
 
 
@@ -59,7 +62,9 @@ def current(architecture):
 
 
 def choose(family, images=False, hybrid=False):
-    """The model class a preset of `family` is served by.
+    """The model class a generating preset of `family` is served by.
+
+    A pooling task's spec names its own (`tasks/`).
 
     Args:
         family: Its `families.Family`.
@@ -68,8 +73,6 @@ def choose(family, images=False, hybrid=False):
             hybrid or not.
         hybrid: Whether some of its layers keep a recurrent state.
     """
-    if family.embedder_only:
-        return EMBEDDING
     if images:
         return family.image_architecture
     return HYBRID if hybrid else CAUSAL

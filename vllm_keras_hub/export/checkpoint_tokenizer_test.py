@@ -15,11 +15,11 @@ import pytest
 from tokenizers import Tokenizer
 
 from vllm_keras_hub.export import checkpoint_tokenizer
-from vllm_keras_hub.export.embedder import EmbedderError
 from vllm_keras_hub.export.preset_folder import PresetError
 from vllm_keras_hub.export.preset_folder import read_preset
 from vllm_keras_hub.export.preset_folder import read_tokenizers
 from vllm_keras_hub.export.preset_folder import write_model_folder
+from vllm_keras_hub.tasks import PoolingTaskError
 from vllm_keras_hub.testing.hf_tokenizers import CHECKPOINTS
 from vllm_keras_hub.testing.hf_tokenizers import NON_ASCII_TEXTS
 from vllm_keras_hub.testing.hf_tokenizers import save_checkpoint
@@ -163,7 +163,7 @@ def test_max_seq_length_caps_the_served_length(tmp_path):
     assert sentence_config == {"max_seq_length": 24, "do_lower_case": False}
     shorter = _folder(checkpoint, str(tmp_path / "shorter"), max_model_len=16)
     assert _read(shorter, "config.json")["max_position_embeddings"] == 16
-    with pytest.raises(EmbedderError, match="max_seq_length=24"):
+    with pytest.raises(PoolingTaskError, match="max_seq_length=24"):
         write_model_folder(checkpoint, str(tmp_path), max_model_len=25)
 
 

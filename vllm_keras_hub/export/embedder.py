@@ -16,7 +16,8 @@ import json
 import os
 
 from vllm_keras_hub import families
-from vllm_keras_hub.export import architectures
+from vllm_keras_hub import tasks
+from vllm_keras_hub.tasks.text_embedder import TASK
 
 # The TextEmbedder classes served, by the backbone each takes.
 SERVED = {family.embedder: family.backbone for family in families.FAMILIES if family.embedder}
@@ -33,7 +34,7 @@ POOLING = {"mean": "MEAN", "last": "LAST", "cls": "CLS"}
 EMBEDDING_GEMMA_MATRYOSHKA = (512, 256, 128)
 
 
-class EmbedderError(ValueError):
+class EmbedderError(tasks.PoolingTaskError):
     """An embedder preset that cannot be served, naming the cause."""
 
 
@@ -69,8 +70,8 @@ class Embedder:
     def config_fields(self):
         """The `config.json` fields of the embedder's model folder."""
         fields = {
-            "architectures": [architectures.EMBEDDING],
-            "keras_hub_embedder": dataclasses.asdict(self),
+            "architectures": [TASK.architecture],
+            TASK.field: dataclasses.asdict(self),
             "embedding_size": self.size,
             "is_causal": not self.bidirectional,
         }
@@ -82,7 +83,11 @@ class Embedder:
             fields["is_matryoshka"] = True
         return fields
 
-    def write_pooling_files(self, directory):
+    def length_limits(self, sentence_config=None):
+        """The longest texts served, each with its reason (`length_limits`)."""
+        return length_limits(self, sentence_config)
+
+    def write_files(self, directory):
         """Writes the sentence-transformers pooling files vLLM reads.
 
         No `Dense` module is listed: vLLM would build its own copy of it;
@@ -103,17 +108,18 @@ _POOLING = "sentence_transformers.models.Pooling"
 _NORMALIZE = "sentence_transformers.models.Normalize"
 
 
-def read_embedder(preset, backbone_cls_name, backbone_config):
-    """The `Embedder` of `preset`, or `None` for a preset that generates.
+def read_embedder(preset, family, backbone_config):
+    """The `Embedder` of `preset`, or `None` for a preset that is no embedder.
 
     Args:
         preset: A preset reference.
-        backbone_cls_name: The preset's backbone class name.
+        family: Its `families.Family`.
         backbone_config: Its backbone config.
 
     Raises:
         EmbedderError: an embedder this project does not serve, naming why.
     """
+    backbone_cls_name = family.backbone
     task = _task_config(preset, backbone_cls_name)
     name = (task or {}).get("class_name", "").rpartition(">")[2]
     in_backbone = bool(backbone_config.get("is_embedding_model"))

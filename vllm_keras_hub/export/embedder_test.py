@@ -5,6 +5,7 @@ import keras_hub
 import pytest
 from transformers import AutoTokenizer
 
+from vllm_keras_hub import families
 from vllm_keras_hub.export import embedder as embedder_lib
 from vllm_keras_hub.export.keras_hub_tokenizers import KerasHubEmbedderTokenizer
 from vllm_keras_hub.export.preset_folder import write_model_folder
@@ -85,7 +86,8 @@ def test_the_exact_length_is_the_shorter_side_of_the_band_plus_one(window, serve
 def test_a_generating_preset_is_no_embedder(shared):
     preset = shared.preset("qwen3")
     config = _read(preset, "config.json")["config"]
-    assert embedder_lib.read_embedder(preset, "Qwen3Backbone", config) is None
+    family = families.family_by_name("qwen3")
+    assert embedder_lib.read_embedder(preset, family, config) is None
 
 
 # vLLM loads a tokenizer mode's class in its front-end process; plain

@@ -6,15 +6,17 @@ would pick TensorFlow, which is not installed. So both modes load from here,
 after `default_to_torch`:
 - `keras_hub`: keras-hub's own `KerasHubTokenizer` adapter, which adds only
   the start token, as `generate()` does;
-- `keras_hub_embedder`: a text embedder's (BERT's WordPiece, XLM-RoBERTa's
-  SentencePiece unigram), packing each text between its start token (Qwen3's
-  has none) and its end token, as its `TextEmbedderPreprocessor` does.
+- `keras_hub_embedder`: a pooling task's (`tasks/`: a text embedder's or
+  classifier's; BERT's WordPiece, XLM-RoBERTa's SentencePiece unigram),
+  packing each text between its start token (Qwen3's embedders have none)
+  and its end token, as its preprocessor does.
 """
 
 import json
 import os
 
 from vllm_keras_hub import backend
+from vllm_keras_hub import tasks
 
 backend.default_to_torch()
 
@@ -22,7 +24,7 @@ from keras_hub.src.vllm.tokenizer import KerasHubTokenizer  # noqa: E402
 
 
 class KerasHubEmbedderTokenizer(KerasHubTokenizer):
-    """`KerasHubTokenizer`, packing each text as the embedder's preprocessor.
+    """`KerasHubTokenizer`, packing each text as a pooling task's preprocessor.
 
     Args:
         preset: The preset whose tokenizer to load.
@@ -38,8 +40,8 @@ class KerasHubEmbedderTokenizer(KerasHubTokenizer):
         """Loads the tokenizer of the model folder vLLM opens."""
         with open(os.path.join(str(path_or_repo_id), "config.json"), encoding="utf-8") as f:
             config = json.load(f)
-        embedder = config["keras_hub_embedder"]
-        return cls(config["keras_hub_preset"], add_start_token=embedder["start_token"])
+        _, fields = tasks.of_config(config)
+        return cls(config["keras_hub_preset"], add_start_token=fields["start_token"])
 
     @property
     def num_special_tokens_to_add(self):

@@ -15,6 +15,7 @@ import uuid
 import weakref
 
 from vllm_keras_hub import families
+from vllm_keras_hub import tasks
 from vllm_keras_hub.export import architectures
 from vllm_keras_hub.export.preset_folder import write_model_folder
 
@@ -91,8 +92,8 @@ class FolderConfig:
         self.audio = config.get("keras_hub_audio")
         # Its video format (`export/video_format.py`), else `None`.
         self.video = config.get("keras_hub_video")
-        # A text embedder's pooling (`export/embedder.py`), else `None`.
-        self.embedder = config.get("keras_hub_embedder")
+        # A pooling task's fields (`tasks/`), else `None`.
+        self.pooling_task, self.pooling = tasks.of_config(config)
         # vLLM's parsers for the chat format's tool calls and thinking
         # (`export/chat_templates.py`), else `None`.
         self.tool_parser = config.get("keras_hub_tool_parser")

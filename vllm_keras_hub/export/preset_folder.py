@@ -12,12 +12,12 @@ import logging
 import os
 
 from vllm_keras_hub import families
+from vllm_keras_hub import tasks
 from vllm_keras_hub.export import architectures
 from vllm_keras_hub.export import audio_format
 from vllm_keras_hub.export import chat_templates
 from vllm_keras_hub.export import checkpoint_tokenizer
 from vllm_keras_hub.export import drafter as drafter_lib
-from vllm_keras_hub.export import embedder as embedder_lib
 from vllm_keras_hub.export import hf_config as config_lib
 from vllm_keras_hub.export import image_format as image_config
 from vllm_keras_hub.export import sampling
@@ -165,21 +165,22 @@ def write_model_folder(preset, directory, max_model_len=None):
     preset = Preset(resolve_preset(preset))
     family, backbone_config, causal_lm_cls = read_preset(preset)
     tokenizer, checkpoint = read_tokenizers(preset, backbone_config, causal_lm_cls)
-    embedder = embedder_lib.read_embedder(preset, family.backbone, backbone_config)
-    if embedder is None and family.embedder_only:
-        raise embedder_lib.EmbedderError(
-            f"Preset '{preset}' is a {family.display_name} model that is not a "
-            f"text embedder; {family.display_name} is served only as one "
-            f"({', '.join(sorted(embedder_lib.SERVED))})."
+    task, spec = tasks.read(preset, family, backbone_config)
+    if spec is None and family.embedder_only:
+        raise tasks.PoolingTaskError(
+            f"Preset '{preset}' is a {family.display_name} model of no task "
+            f"served for it; {family.display_name} is served only as one of "
+            f"these: {', '.join(task.name for task in tasks.POOLING_TASKS)}."
         )
-    if embedder is not None:
-        return _write_embedder_folder(
+    if spec is not None:
+        return _write_pooling_folder(
             preset,
             directory,
             family,
             backbone_config,
             tokenizer,
-            embedder,
+            task,
+            spec,
             max_model_len,
             checkpoint=checkpoint,
         )
@@ -241,24 +242,24 @@ def write_model_folder(preset, directory, max_model_len=None):
     return mode
 
 
-def _write_embedder_folder(
-    preset, directory, family, backbone_config, tokenizer, embedder, max_model_len, checkpoint
+def _write_pooling_folder(
+    preset, directory, family, backbone_config, tokenizer, task, spec, max_model_len, checkpoint
 ):
-    """`write_model_folder` for a text embedder: no chat or sampling files.
+    """`write_model_folder` for a pooling task (`tasks/`): no chat or sampling files.
 
-    Its prompts are tokenized as its `TextEmbedderPreprocessor` packs them:
-    the start token where it packs one (`Embedder.start_token`), the end
-    token after; a checkpoint's by its own tokenizer. The longest text is
-    the least of the backbone's, the exact bidirectional window's
-    (`Embedder.max_tokens`) and a checkpoint's `max_seq_length`.
+    Its prompts are tokenized as its preprocessor packs them: the start
+    token where it packs one (`spec.start_token`), the end token after; a
+    checkpoint's by its own tokenizer. The longest text is the least of the
+    backbone's, the task's own limits (`spec.length_limits`) and a
+    checkpoint's `max_seq_length`.
     """
     dims = model_dims(backbone_config)
     if max_model_len is not None:
         dims["max_position_embeddings"] = int(max_model_len)
     sentence_config = checkpoint_tokenizer.sentence_transformers_config(preset)
-    for limit, reason in embedder_lib.length_limits(embedder, sentence_config):
+    for limit, reason in spec.length_limits(sentence_config):
         if max_model_len is not None and int(max_model_len) > limit:
-            raise embedder_lib.EmbedderError(
+            raise tasks.PoolingTaskError(
                 f"Cannot serve '{preset}' with max_model_len={max_model_len}: {reason}."
             )
         dims["max_position_embeddings"] = min(dims["max_position_embeddings"], limit)
@@ -268,18 +269,18 @@ def _write_embedder_folder(
         keras_hub_config_digest=config_digest(backbone_config),
         pad_token_id=getattr(tokenizer, "pad_token_id", None),
         torch_dtype=weights_dtype(backbone_config),
-        **{**dims, **embedder.config_fields()},
+        **{**dims, **spec.config_fields()},
     )
     model_config.save_pretrained(directory)
-    embedder.write_pooling_files(directory)
+    spec.write_files(directory)
     if sentence_config is not None:
         checkpoint_tokenizer.write_sentence_transformers_config(
             sentence_config, dims["max_position_embeddings"], directory
         )
-    # vLLM renders `messages` sent to /v1/embeddings with the chat template.
+    # vLLM renders `messages` sent to pooling endpoints with the chat template.
     message = (
-        f"{embedder.task} embeds texts and has no chat format: send them as "
-        "`input` to /v1/embeddings."
+        f"{spec.task} takes texts and has no chat format: send them as "
+        f"`input` to {task.endpoint}."
     )
     with open(os.path.join(directory, chat_templates.CHAT_TEMPLATE_FILE), "w") as f:
         f.write("{{ raise_exception(%s) }}" % json.dumps(message))
@@ -287,7 +288,7 @@ def _write_embedder_folder(
         preset,
         tokenizer,
         directory,
-        add_start_token=embedder.start_token,
+        add_start_token=spec.start_token,
         add_end_token=True,
         checkpoint=checkpoint,
     )
@@ -313,7 +314,7 @@ def _write_tokenizer(
         return "auto"
     except TokenizerExportError as e:
         mode = config_lib.KERAS_HUB_TOKENIZER_MODE
-        if add_end_token:  # A text embedder's, which also appends the end token.
+        if add_end_token:  # A pooling task's, which also appends the end token.
             mode = config_lib.KERAS_HUB_EMBEDDER_TOKENIZER_MODE
         logger.warning(
             "Serving KerasHub's own tokenizer for '%s' (tokenizer_mode=%r): "

@@ -109,7 +109,7 @@ class EmbeddingMixin:
 
 
 # `SupportsPP` leaves the refusal of pipeline parallelism to
-# `settings.check_embedder_settings`, which names the reason.
+# `settings.check_pooling_settings`, which names the reason.
 @compiled
 class KerasHubForEmbedding(EmbeddingMixin, KerasHubBase, SupportsPP):
     """A KerasHub `TextEmbedder` preset served by vLLM's pooling runner.
