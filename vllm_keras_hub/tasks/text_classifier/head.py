@@ -1,5 +1,12 @@
 """A classifier preset's own head, on the pooled first-token states vLLM hands it."""
 
+# First: keras-hub imports Keras, on torch.
+from vllm_keras_hub import keras_on_torch  # noqa: F401
+import keras
+import keras_hub
+import torch
+from keras.src.backend.torch.core import to_torch_dtype
+from keras_hub.src.utils.preset_utils import TASK_WEIGHTS_FILE
 from torch import nn
 
 
@@ -17,11 +24,6 @@ def build_task(preset, backbone, spec):
         backbone: The backbone served, from `unloaded_backbone`.
         spec: The preset's `Classifier` fields (`spec.py`).
     """
-    import keras_hub
-    import torch
-    from keras.src.backend.torch.core import to_torch_dtype
-    from keras_hub.src.utils.preset_utils import TASK_WEIGHTS_FILE
-
     options = dict(preset.task_config["config"])
     for key in ("backbone", "preprocessor"):
         options.pop(key, None)
@@ -61,8 +63,6 @@ class Head(nn.Module):
 
     def __init__(self, task, layers):
         super().__init__()
-        import keras
-
         owners = {"backbone": task.backbone, "task": task}
         # A list, not a `ModuleList`: the layers' weights are the preset's,
         # already loaded; vLLM must not see them as its own to load.

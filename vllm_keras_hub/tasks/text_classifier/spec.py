@@ -17,7 +17,12 @@ Texts are served up to the length the preset's preprocessor packs, which
 
 import dataclasses
 
+# First: keras-hub imports Keras, on torch.
+from vllm_keras_hub import keras_on_torch  # noqa: F401
+import keras_hub
+
 from vllm_keras_hub import tasks
+from vllm_keras_hub.preset import Preset
 from vllm_keras_hub.tasks.text_classifier import TASK
 
 
@@ -118,10 +123,6 @@ def read_classifier(preset, family, backbone_config):
     Raises:
         ClassifierError: a classifier this project does not serve, naming why.
     """
-    import keras_hub
-
-    from vllm_keras_hub.preset import Preset
-
     preset = Preset.of(preset)
     task_config = preset.task_config
     if task_config is None:
