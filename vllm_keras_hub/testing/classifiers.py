@@ -89,7 +89,7 @@ def keras_hub_predictions(preset, texts, logits=False):
     return outputs.astype("float64"), [int(count) for count in counts]
 
 
-def save_bert_pair(directory, num_classes=3):
+def save_bert_pair(directory, num_classes=3, sequence_length=SEQUENCE_LENGTH, **shape):
     """The same random BERT classifier as a transformers folder and a preset.
 
     A random `BertForSequenceClassification` is saved with transformers'
@@ -98,6 +98,13 @@ def save_bert_pair(directory, num_classes=3):
     encoder and pooler into a `BertBackbone`; its `classifier` layer, which
     the converter leaves out, becomes the `BertTextClassifier`'s `logits`
     layer: the preset vllm-keras-hub serves.
+
+    Args:
+        directory: Where to save both.
+        num_classes: Its outputs.
+        sequence_length: What the preset's preprocessor packs texts to.
+        **shape: `BertConfig` values over the tiny ones (a published
+            model's sizes, for benchmarks).
 
     Returns:
         `(transformers_folder, preset_folder)`.
@@ -118,6 +125,7 @@ def save_bert_pair(directory, num_classes=3):
         # KerasHub's BERT layers use the tanh approximation.
         hidden_act="gelu_pytorch_tanh",
         num_labels=num_classes,
+        **shape,
     )
     torch.manual_seed(0)
     model = transformers.BertForSequenceClassification(config)
@@ -134,7 +142,7 @@ def save_bert_pair(directory, num_classes=3):
     backbone = keras_hub.models.Backbone.from_preset(hf_folder)
     preprocessor = keras_hub.models.BertTextClassifierPreprocessor(
         tokenizer=keras_hub.tokenizers.BertTokenizer(vocabulary=tokens),
-        sequence_length=SEQUENCE_LENGTH,
+        sequence_length=sequence_length,
     )
     classifier = keras_hub.models.BertTextClassifier(
         backbone=backbone, preprocessor=preprocessor, num_classes=num_classes

@@ -22,7 +22,8 @@ from vllm_keras_hub.testing.classifiers import keras_hub_predictions
 from vllm_keras_hub.testing.engines import TEST_ENGINE_KWARGS
 from vllm_keras_hub.testing.engines import in_process_llm
 
-# 3 to 14 tokens with the start and end tokens, in both vocabularies.
+# 3 to 12 tokens with the start and end tokens in the BERT vocabulary, 5 to 22
+# in the XLM-RoBERTa one (measured), all within `SEQUENCE_LENGTH`.
 TEXTS = [
     "Hi",
     "The quick brown fox jumps over the lazy dog.",
