@@ -115,17 +115,19 @@ def save_bert_pair(directory, num_classes=3, sequence_length=SEQUENCE_LENGTH, **
 
     tokens = list(encoder_tokenizer("bert").get_vocabulary())
     hf_folder = os.path.join(directory, "hf")
-    config = transformers.BertConfig(
+    tiny = dict(
         hidden_size=128,
         intermediate_size=256,
         num_hidden_layers=2,
         num_attention_heads=4,
         max_position_embeddings=64,
+    )
+    config = transformers.BertConfig(
+        **{**tiny, **shape},
         vocab_size=len(tokens),
         # KerasHub's BERT layers use the tanh approximation.
         hidden_act="gelu_pytorch_tanh",
         num_labels=num_classes,
-        **shape,
     )
     torch.manual_seed(0)
     model = transformers.BertForSequenceClassification(config)

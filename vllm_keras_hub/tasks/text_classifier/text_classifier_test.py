@@ -186,6 +186,10 @@ def test_served_classes_equal_vllm_natives_bert(tmp_path):
     np.testing.assert_allclose(
         _probs(got), _softmax(keras_hub_predictions(preset, texts)[0]), atol=TOLERANCE, rtol=0
     )
+    # The transformers folder itself, as `keras_hub:hf://...` reads one:
+    # keras-hub's converter would drop its classifier layer.
+    with pytest.raises(ClassifierError, match="not its classification head"):
+        KerasHubLLM(f"keras_hub:{folder}", **kwargs)
 
 
 def test_classify_through_the_server(tmp_path):
