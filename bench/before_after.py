@@ -128,13 +128,8 @@ def summarize(samples, args, final):
         ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3f}"
         print(f"{row['bench']:<18} {row['metric']:<34} {row['before']:>10.1f} "
               f"{row['after']:>10.1f} {ratio:>13}")
-    commits = {
-        ref: subprocess.run(["git", "rev-parse", ref], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-        for ref in (args.before, args.after)
-    }
     with open(args.out, "w") as f:
-        json.dump({"before": commits[args.before], "after": commits[args.after],
+        json.dump({"before": args.commits[args.before], "after": args.commits[args.after],
                    "repeats": args.repeats, "complete": final, "rows": rows}, f, indent=1)
     plot([r for r in rows if r["ratio"] is not None],
          os.path.splitext(args.out)[0] + ".png", args.before, args.after)
@@ -157,7 +152,14 @@ def main():
         benches.append(("gemma3-1b shape", memory, ()))
     samples = {}
     with tempfile.TemporaryDirectory(prefix="before-after-") as root:
-        trees = {ref: worktree(ref, root) for ref in (args.before, args.after)}
+        # The commits the trees check out, resolved once: `HEAD` may move
+        # while the benches run.
+        args.commits = {
+            ref: subprocess.run(["git", "rev-parse", ref], cwd=ROOT, capture_output=True,
+                                text=True, check=True).stdout.strip()
+            for ref in (args.before, args.after)
+        }
+        trees = {ref: worktree(args.commits[ref], root) for ref in (args.before, args.after)}
         try:
             for repeat in range(args.repeats):
                 # Alternate which tree goes first, so neither always runs warm.
