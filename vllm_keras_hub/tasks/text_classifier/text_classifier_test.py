@@ -106,7 +106,7 @@ def test_each_text_alone_equals_it_in_the_batch(llm, oracle, name):
     np.testing.assert_allclose(got, want[1], atol=TOLERANCE, rtol=0)
 
 
-def test_vllm_serves_it_as_a_classifier(llm, name):
+def test_vllm_serves_it_as_a_classifier(llm, oracle):
     config = llm.llm_engine.vllm_config
     assert config.model_config.runner_type == "pooling"
     assert config.model_config.attn_type == "encoder_only"
@@ -116,8 +116,9 @@ def test_vllm_serves_it_as_a_classifier(llm, name):
     assert not config.cache_config.enable_prefix_caching
     assert config.model_config.max_model_len == SEQUENCE_LENGTH
     assert "classify" in llm.supported_tasks
-    labels = config.model_config.hf_config.id2label
-    assert labels == {i: f"LABEL_{i}" for i in range(len(labels))}
+    # One label per class of the preset's own output.
+    classes = oracle[0].shape[1]
+    assert config.model_config.hf_config.id2label == {i: f"LABEL_{i}" for i in range(classes)}
 
 
 # Start-up refusals: each raises before any engine starts.
