@@ -33,13 +33,13 @@ import sys
 import tempfile
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from embeddings import latency_summary  # noqa: E402
 from embeddings import make_texts  # noqa: E402
+from embeddings import time_batches  # noqa: E402
+from embeddings import time_requests  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
 CACHE = os.path.join(os.path.expanduser("~"), ".cache", "vllm-keras-hub", "bench")
@@ -49,8 +49,8 @@ SHAPES = {
     "quick": {},
 }
 SEQUENCE_LENGTH = {"full": 256, "quick": 48}
+# At 1, 8 and 64 concurrent, as `embeddings.py` times them.
 CONCURRENCY = (1, 8, 64)
-REQUESTS = {1: 32, 8: 64, 64: 256}
 TEXTS = 512
 SYSTEMS = ("keras_hub", "native", "predict")
 LABELS = {
@@ -58,10 +58,6 @@ LABELS = {
     "native": "vLLM native api_server",
     "predict": "KerasHub predict()",
 }
-
-
-def requests_at(concurrency, quick):
-    return REQUESTS[concurrency] // (4 if quick else 1)
 
 
 def make_weights(size):
@@ -90,18 +86,7 @@ def run_predict(preset, texts, quick, threads):
         # preprocessor and model are called as it would call them.
         return keras.ops.convert_to_numpy(classifier(classifier.preprocessor(batch)))
 
-    result = {"first": predict(texts[:1])[0].tolist()}
-    with torch.inference_mode():
-        for concurrency in CONCURRENCY:
-            count = requests_at(concurrency, quick)
-            predict(texts[:concurrency])  # warm-up
-            latencies, start = [], time.perf_counter()
-            for i in range(0, count, concurrency):
-                batch_start = time.perf_counter()
-                predict(texts[i: i + concurrency])
-                latencies += [time.perf_counter() - batch_start] * concurrency
-            result[str(concurrency)] = latency_summary(latencies, time.perf_counter() - start)
-    return result
+    return {"first": predict(texts[:1])[0].tolist(), **time_batches(predict, texts, quick)}
 
 
 def _post(port, text):
@@ -130,20 +115,7 @@ def run_server(system, hf_folder, preset, texts, quick, threads, max_model_len):
     start = time.perf_counter()
     with running_server(command, port, env=env, model_name="bench"):
         result = {"startup_s": time.perf_counter() - start, "first": _post(port, texts[0])}
-        for concurrency in CONCURRENCY:
-            batch = texts[:requests_at(concurrency, quick)]
-            with ThreadPoolExecutor(concurrency) as pool:
-                list(pool.map(lambda t: _post(port, t), batch[:concurrency]))  # warm-up
-
-                def timed(text):
-                    start = time.perf_counter()
-                    _post(port, text)
-                    return time.perf_counter() - start
-
-                start = time.perf_counter()
-                latencies = list(pool.map(timed, batch))
-                wall = time.perf_counter() - start
-            result[str(concurrency)] = latency_summary(latencies, wall)
+        result.update(time_requests(lambda text: _post(port, text), texts, quick))
     return result
 
 

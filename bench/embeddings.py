@@ -130,7 +130,17 @@ def run_library(system, hf_folder, preset, texts, quick, threads):
 
         def encode(batch):
             return model.encode(batch, batch_size=len(batch))
-    result = {"first": encode(texts[:1])[0].tolist()}
+    return {"first": encode(texts[:1])[0].tolist(), **time_batches(encode, texts, quick)}
+
+
+def time_batches(encode, texts, quick):
+    """At each concurrency, `encode` on batches of that many texts, timed.
+
+    Each text's latency is its batch's.
+    """
+    import torch
+
+    result = {}
     with torch.inference_mode():
         for concurrency in CONCURRENCY:
             count = requests_at(concurrency, quick)
@@ -141,6 +151,26 @@ def run_library(system, hf_folder, preset, texts, quick, threads):
                 encode(texts[i: i + concurrency])
                 latencies += [time.perf_counter() - batch_start] * concurrency
             result[str(concurrency)] = latency_summary(latencies, time.perf_counter() - start)
+    return result
+
+
+def time_requests(post, texts, quick):
+    """At each concurrency, `post(text)` from that many client threads, timed."""
+    result = {}
+    for concurrency in CONCURRENCY:
+        batch = texts[:requests_at(concurrency, quick)]
+        with ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(post, batch[:concurrency]))  # warm-up
+
+            def timed(text):
+                start = time.perf_counter()
+                post(text)
+                return time.perf_counter() - start
+
+            start = time.perf_counter()
+            latencies = list(pool.map(timed, batch))
+            wall = time.perf_counter() - start
+        result[str(concurrency)] = latency_summary(latencies, wall)
     return result
 
 
@@ -169,21 +199,7 @@ def run_server(system, hf_folder, preset, texts, quick, threads):
     start = time.perf_counter()
     with running_server(command, port, env=env, model_name="bench"):
         result = {"startup_s": time.perf_counter() - start, "first": _post(port, texts[0])}
-        for concurrency in CONCURRENCY:
-            count = requests_at(concurrency, quick)
-            batch = texts[:count]
-            with ThreadPoolExecutor(concurrency) as pool:
-                list(pool.map(lambda t: _post(port, t), batch[:concurrency]))  # warm-up
-
-                def timed(text):
-                    start = time.perf_counter()
-                    _post(port, text)
-                    return time.perf_counter() - start
-
-                start = time.perf_counter()
-                latencies = list(pool.map(timed, batch))
-                wall = time.perf_counter() - start
-            result[str(concurrency)] = latency_summary(latencies, wall)
+        result.update(time_requests(lambda text: _post(port, text), texts, quick))
     return result
 
 
