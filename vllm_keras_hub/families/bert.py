@@ -1,6 +1,8 @@
-"""BERT: its text embedders only, attention bidirectional."""
+"""BERT: its text embedders and classifiers, attention bidirectional."""
 
 from keras import ops
+
+from vllm_keras_hub.layers import step
 
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
@@ -8,11 +10,17 @@ from vllm_keras_hub.layers.attention.attention_routes import ENCODER_ROUTES
 
 
 def text_forward(backbone, token_ids, padding_mask, positions, layers=None, hidden=None):
-    # One text per sequence: every token in segment 0, as BERT's text
-    # embedder preprocessor packs it; its own `pooled_output` is unused.
+    # A single text is all in segment 0, as BERT's preprocessors pack it; a
+    # cross-encoder's pair has its second text in segment 1, given by the
+    # step. Its own `pooled_output` is unused: a classifier's head pools.
+    segment_ids = step.current().segment_ids
+    if segment_ids is None:
+        segment_ids = ops.zeros_like(token_ids)
+    else:
+        segment_ids = ops.reshape(ops.cast(segment_ids, token_ids.dtype), ops.shape(token_ids))
     inputs = {
         "token_ids": token_ids,
-        "segment_ids": ops.zeros_like(token_ids),
+        "segment_ids": segment_ids,
         "padding_mask": padding_mask,
     }
     return backbone(inputs, training=False)["sequence_output"]

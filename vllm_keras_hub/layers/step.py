@@ -50,6 +50,9 @@ class Step:
             or `None`.
         routed: The step's `Routed`, or `None` outside a step (or the
             start-up probe's).
+        segment_ids: `(num_tokens,)` segment id of each token, from vLLM's
+            `token_type_ids` (a cross-encoder's pairs, `tasks/
+            text_classifier/model.py`), or `None`: all in segment 0.
     """
 
     rotary_rows: dict = None
@@ -60,6 +63,7 @@ class Step:
     aux_hidden: list = None
     mrope_positions: object = None
     routed: Routed = None
+    segment_ids: object = None
 
 
 _STEP = Step()

@@ -25,6 +25,14 @@ TINY_CLASSIFIERS = {
     ),
     # Independent labels: a sigmoid over each.
     "bert_sigmoid": ("BertTextClassifier", "bert", dict(num_classes=2, activation="sigmoid")),
+    # Cross-encoders, scoring text pairs: one logit, BERT's pairs in two
+    # segments; a sigmoid of XLM-RoBERTa's, whose pairs are one segment.
+    "bert_cross_encoder": ("BertTextClassifier", "bert", dict(num_classes=1)),
+    "xlm_roberta_cross_encoder": (
+        "XLMRobertaTextClassifier",
+        "xlm_roberta",
+        dict(num_classes=1, activation="sigmoid"),
+    ),
 }
 
 # Shorter than the position table: the longest text served.
@@ -57,12 +65,20 @@ def build_tiny_classifier(name, directory, seed=0):
     # texts: a larger output layer spreads their outputs apart.
     logits = classifier.get_layer("logits")
     logits.kernel.assign(logits.kernel * 8.0)
+    if options["num_classes"] == 1:
+        # One logit, through a sigmoid: spread further, and centred where
+        # the sigmoid is steepest, so that pairs' scores differ as much.
+        logits.kernel.assign(logits.kernel * 8.0)
+        activation, logits.activation = logits.activation, keras.activations.linear
+        centre = classifier(preprocessor(x=(["mars"], ["red"])), training=False)[0]
+        logits.activation = activation
+        logits.bias.assign(logits.bias - centre)
     os.makedirs(directory, exist_ok=True)
     classifier.save_to_preset(directory)
     return directory
 
 
-def keras_hub_predictions(preset, texts, logits=False):
+def keras_hub_predictions(preset, texts, logits=False, seconds=None, one_segment=False):
     """The preset's own outputs for `texts`, and each text's token count.
 
     What `TextClassifier.predict(texts)` computes: its preprocessor packs the
@@ -73,8 +89,12 @@ def keras_hub_predictions(preset, texts, logits=False):
 
     Args:
         preset: The classifier's preset.
-        texts: The texts.
+        texts: The texts, or the first text of each pair.
         logits: Its outputs before its last activation.
+        seconds: The second text of each pair, packed after the first as
+            `predict((texts, seconds))` packs them.
+        one_segment: Whether to put every token in segment 0: what a
+            cross-encoder would compute if a pair's segment ids were lost.
 
     Returns:
         `(outputs, token_counts)`: a `(len(texts), num_classes)` float64
@@ -83,10 +103,36 @@ def keras_hub_predictions(preset, texts, logits=False):
     classifier = keras_hub.models.TextClassifier.from_preset(preset)
     if logits:
         classifier.get_layer("logits").activation = keras.activations.linear
-    inputs = classifier.preprocessor(texts)
+    inputs = classifier.preprocessor(x=texts if seconds is None else (texts, seconds))
+    if one_segment:
+        inputs["segment_ids"] = keras.ops.zeros_like(inputs["segment_ids"])
     outputs = keras.ops.convert_to_numpy(classifier(inputs, training=False))
     counts = keras.ops.convert_to_numpy(inputs["padding_mask"]).sum(axis=1)
     return outputs.astype("float64"), [int(count) for count in counts]
+
+
+def packed_pairs(preset, firsts, seconds):
+    """The token ids and segment ids the preset's preprocessor packs each pair to.
+
+    Args:
+        preset: The classifier's preset.
+        firsts: The first text of each pair.
+        seconds: The second.
+
+    Returns:
+        `(token_ids, segment_ids)`: a list of lists of ints each, padding
+        left out; `segment_ids` is `None` for a preprocessor that gives none.
+    """
+    preprocessor = keras_hub.models.TextClassifierPreprocessor.from_preset(preset)
+    inputs = preprocessor(x=(firsts, seconds))
+    counts = keras.ops.convert_to_numpy(inputs["padding_mask"]).sum(axis=1)
+
+    def unpadded(rows):
+        rows = keras.ops.convert_to_numpy(rows).tolist()
+        return [row[:count] for row, count in zip(rows, counts)]
+
+    segments = inputs.get("segment_ids")
+    return unpadded(inputs["token_ids"]), None if segments is None else unpadded(segments)
 
 
 def save_bert_pair(directory, num_classes=3, sequence_length=SEQUENCE_LENGTH, **shape):

@@ -3,9 +3,13 @@
 from vllm.model_executor.layers.pooler.seqwise.methods import get_seq_pooling_method
 from vllm.model_executor.layers.pooler.seqwise.poolers import pooler_for_classify
 from vllm.model_executor.layers.pooler.special import DispatchPooler
+from vllm.model_executor.models.bert import _decode_token_type_ids
+from vllm.model_executor.models.bert import _encode_token_type_ids
+from vllm.model_executor.models.interfaces import SupportsCrossEncoding
 from vllm.model_executor.models.interfaces import SupportsPP
 from vllm.model_executor.models.interfaces_base import default_pooling_type
 
+from vllm_keras_hub.layers import step
 from vllm_keras_hub.models.base import KerasHubBase
 from vllm_keras_hub.models.base import compiled
 from vllm_keras_hub.tasks.text_classifier import TASK
@@ -44,15 +48,43 @@ class ClassifierMixin:
                 }
             )
 
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+        if not self.classifier["segment_ids"]:
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+        # The segment ids ride in the token ids' high bits (`SegmentIds`);
+        # BERT's `text_forward` reads them from the step.
+        segment_ids = _decode_token_type_ids(input_ids)
+        with step.scope(segment_ids=segment_ids):
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+
     def compute_logits(self, hidden_states):
         raise NotImplementedError("A text classifier pools; it generates no tokens.")
 
 
+class SegmentIds:
+    """Takes vLLM's `token_type_ids` (a scored pair's segment ids) into the
+    token ids' high bits, as vLLM's own BERT does, before the compiled
+    `forward`: its graph, compiled without them, keeps one signature."""
+
+    def __call__(self, input_ids, positions, intermediate_tensors=None,
+                 inputs_embeds=None, token_type_ids=None):  # fmt: skip
+        if token_type_ids is not None:
+            _encode_token_type_ids(input_ids, token_type_ids)
+        return super().__call__(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+
 # `SupportsPP` leaves the refusal of pipeline parallelism to
 # `settings.check_pooling_settings`, which names the reason.
+# `SupportsCrossEncoding`, as vLLM's own classifiers: one-output presets
+# score pairs (vLLM turns scoring on for one label only).
 @compiled
 @default_pooling_type(seq_pooling_type="CLS")
-class KerasHubForSequenceClassification(ClassifierMixin, KerasHubBase, SupportsPP):
+class _KerasHubClassifier(ClassifierMixin, KerasHubBase, SupportsCrossEncoding, SupportsPP):
+    pass
+
+
+# `compiled` sets its class's `__call__`; `SegmentIds` wraps it from a subclass.
+class KerasHubForSequenceClassification(SegmentIds, _KerasHubClassifier):
     """A KerasHub `TextClassifier` preset served by vLLM's pooling runner.
 
     Args:

@@ -13,6 +13,12 @@ do; its logits are still one request option away.
 
 Texts are served up to the length the preset's preprocessor packs, which
 `predict()` cuts longer texts to.
+
+A preset with one output is a cross-encoder: vLLM scores text pairs with it
+(`/v1/score`, `/v1/rerank`, `LLM.score`), a sigmoid over its logit. The
+KerasHub tokenizer mode packs each pair with the preset's own packer
+(`export/keras_hub_tokenizers.py`); BERT's segment ids go to the model as
+vLLM's `token_type_ids` (`model.py`).
 """
 
 import dataclasses
@@ -39,16 +45,21 @@ class Head:
         layers: `(owner, layer name)` in order, applied to the first token's
             final hidden state; `owner` is `"backbone"` or `"task"`. Dropout
             layers are left out: they pass values through at inference.
+        segment_ids: Whether the backbone takes segment ids, which its
+            preprocessor sets to 1 on a pair's second text.
     """
 
     backbone: str
     layers: tuple[tuple[str, str], ...]
+    segment_ids: bool = False
 
 
 # The TextClassifier classes served. BERT pools through its backbone's own
 # `pooled_dense` (its `pooled_output`); XLM-RoBERTa through the task's.
 HEADS = {
-    "BertTextClassifier": Head("BertBackbone", (("backbone", "pooled_dense"), ("task", "logits"))),
+    "BertTextClassifier": Head(
+        "BertBackbone", (("backbone", "pooled_dense"), ("task", "logits")), segment_ids=True
+    ),
     "XLMRobertaTextClassifier": Head(
         "XLMRobertaBackbone", (("task", "pooled_dense"), ("task", "logits"))
     ),
@@ -74,6 +85,9 @@ class Classifier:
         max_tokens: The longest text its preprocessor packs, or `None`.
         start_token: Whether a start token precedes each text (always, as
             `MultiSegmentPacker` packs it); the end token follows.
+        pairs: Whether vLLM scores text pairs with it: one output.
+        segment_ids: `Head.segment_ids` of its class: a pair's second text
+            comes to the model as vLLM's `token_type_ids`.
     """
 
     task: str
@@ -82,6 +96,8 @@ class Classifier:
     head: tuple[tuple[str, str], ...]
     max_tokens: int | None = None
     start_token: bool = True
+    pairs: bool = False
+    segment_ids: bool = False
 
     def config_fields(self):
         """The `config.json` fields of the classifier's model folder."""
@@ -146,14 +162,6 @@ def read_classifier(preset, family, backbone_config):
             f"Cannot serve '{preset}': its last activation is {activation!r}; vLLM's "
             f"classify pooler applies {', '.join(repr(a) for a in PROBLEM_TYPES)} only."
         )
-    if num_classes == 1:
-        # vLLM turns on /v1/score and /v1/rerank for one output, on text
-        # pairs packed as the preprocessor packs them, which is not yet proven.
-        raise ClassifierError(
-            f"Cannot serve '{preset}': {name} with one output is a cross-encoder, "
-            "which vLLM serves on text pairs (/v1/score, /v1/rerank); vllm-keras-hub "
-            "serves classifiers of two or more classes."
-        )
     max_tokens = preset.preprocessor_config.get("sequence_length")
     return Classifier(
         task=name,
@@ -161,6 +169,9 @@ def read_classifier(preset, family, backbone_config):
         activation=activation,
         head=head.layers,
         max_tokens=int(max_tokens) if max_tokens else None,
+        # vLLM scores pairs with a one-output classifier only.
+        pairs=num_classes == 1,
+        segment_ids=head.segment_ids,
     )
 
 

@@ -137,11 +137,6 @@ def _edited(tmp_path, name, **options):
     return f"keras_hub:{preset}"
 
 
-def test_one_output_is_refused_with_its_reason(tmp_path):
-    with pytest.raises(ClassifierError, match="one output is a cross-encoder"):
-        KerasHubLLM(_edited(tmp_path, "bert", num_classes=1), **{**TEST_ENGINE_KWARGS, **LONGEST})
-
-
 def test_an_activation_vllm_cannot_apply_is_refused(tmp_path):
     with pytest.raises(ClassifierError, match="its last activation is 'relu'"):
         KerasHubLLM(_edited(tmp_path, "bert", activation="relu"), **{**TEST_ENGINE_KWARGS, **LONGEST})
