@@ -111,6 +111,8 @@ def check(family, image, values):
         bool(image),
         family=family,
     )
+    if values.get("enable_prompt_embeds"):
+        check_prompt_embeds(image, values)
     if image:
         check_embedding_inputs(values.get("enable_mm_embeds"))
     if image and image["bidirectional"] == "prefix":
@@ -137,6 +139,36 @@ class UnsupportedPoolingSettingError(ValueError):
     """An engine setting a pooling task (`tasks/`) is not served with."""
 
 
+class PromptEmbedsError(ValueError):
+    """Prompt embeddings (`--enable-prompt-embeds`) where they are not served."""
+
+
+def check_prompt_embeds(image, values):
+    """Raises for settings prompt embeddings are not proven with
+    (`models/prompt_embeds.py` checks the backbone as it loads).
+
+    Args:
+        image: The preset's `keras_hub_image` config, or `None`.
+        values: vLLM engine arguments by name.
+    """
+    unproven = [
+        what
+        for what, applies in (
+            ("images", bool(image)),
+            ("tensor parallelism", (values.get("tensor_parallel_size") or 1) > 1),
+            ("pipeline parallelism", (values.get("pipeline_parallel_size") or 1) > 1),
+            ("LoRA adapters", bool(values.get("enable_lora"))),
+            ("speculative decoding", values.get("speculative_config") is not None),
+        )
+        if applies
+    ]
+    if unproven:
+        raise PromptEmbedsError(
+            "Prompt embeddings (--enable-prompt-embeds) are proven on one worker for "
+            f"text presets, not with {' or '.join(unproven)}."
+        )
+
+
 def check_pooling_settings(task, values):
     """Raises for engine settings a pooling task is not served with.
 
@@ -149,6 +181,7 @@ def check_pooling_settings(task, values):
         "pipeline_parallel_size": "pipeline parallelism",
         "enable_lora": "LoRA adapters per request",
         "speculative_config": "speculative decoding",
+        "enable_prompt_embeds": "prompt embeddings",
     }
     for name, what in refused.items():
         value = values.get(name)
@@ -284,6 +317,7 @@ def engine_values(vllm_config):
         "mamba_cache_dtype": cache.mamba_cache_dtype,
         "mamba_cache_mode": cache.mamba_cache_mode,
         "enable_lora": vllm_config.lora_config is not None,
+        "enable_prompt_embeds": vllm_config.model_config.enable_prompt_embeds,
         "fully_sharded_loras": bool(
             vllm_config.lora_config and vllm_config.lora_config.fully_sharded_loras
         ),

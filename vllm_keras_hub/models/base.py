@@ -184,7 +184,10 @@ class KerasHubBase(LoadSteps, nn.Module):
         from vllm.distributed import get_pp_group
 
         pp = get_pp_group()
-        stage = pipeline.stage(backbone, pp.rank_in_group, pp.world_size)
+        prompt_embeddings = self.vllm_config.model_config.enable_prompt_embeds
+        stage = pipeline.stage(backbone, pp.rank_in_group, pp.world_size, prompt_embeddings)
+        # Every token then comes as an embedding (`prompt_embeds.py`).
+        self.takes_embeddings = stage.embedding is not None or self.takes_embeddings
         weights.release(stage.unused_variables())
         if stage.size > 1:
             # What crosses between stages can be wider than the hidden
@@ -234,7 +237,10 @@ class KerasHubBase(LoadSteps, nn.Module):
         """Raises for a backbone this model class cannot serve exactly."""
 
     def embed_input_ids(self, input_ids):
-        """The token embedding (Gemma3n's includes its embedding scale)."""
+        """The token embedding (Gemma3n's includes its embedding scale); with
+        prompt embeddings, what enters the first transformer layer."""
+        if self.stage is not None and self.stage.embedding is not None:
+            return self.stage.embed(input_ids)
         return attention_layers.token_embedding(self.backbone)(input_ids)
 
     def forward(

@@ -38,6 +38,7 @@ import torch
 from vllm_keras_hub import families
 from vllm_keras_hub.layers.attention.attention import token_embedding
 from vllm_keras_hub.layers.attention.attention import transformer_layers
+from vllm_keras_hub.models import prompt_embeds
 from vllm_keras_hub.models.text_forward import text_forward
 from vllm_keras_hub.parallel_settings import PIPELINE_REFUSALS
 from vllm_keras_hub.parallel_settings import UnsupportedParallelismError
@@ -59,6 +60,9 @@ class Stage:
             Gemma4).
         hidden_size: The width of what enters a stage after the first: the
             hidden states, and Gemma4's per-layer inputs beside them.
+        embedding: With prompt embeddings (`prompt_embeds.py`): the Keras
+            model of the graph from the token ids to the first transformer
+            layer's input; `model` then starts there.
     """
 
     backbone: object
@@ -68,6 +72,7 @@ class Stage:
     size: int
     model: object = None
     hidden_size: int = 0
+    embedding: object = None
 
     @property
     def first(self):
@@ -97,6 +102,10 @@ class Stage:
             `(batch, length, hidden_size)`: the backbone's final hidden
             states on the last stage, the input of the next stage on others.
         """
+        if self.embedding is not None:
+            if hidden is None:  # Token ids alone (the start-up probe).
+                hidden = self.embedding(token_ids)
+            return self.model([hidden, padding_mask])
         if self.size == 1:
             return text_forward(
                 self.backbone, token_ids, padding_mask, positions, hidden=hidden
@@ -109,6 +118,10 @@ class Stage:
         if self.first:
             return self.model({"token_ids": token_ids, "padding_mask": padding_mask})
         return self.model([hidden, padding_mask])
+
+    def embed(self, input_ids):
+        """`(num_tokens, hidden_size)` first-layer inputs of packed `input_ids`."""
+        return self.embedding(input_ids.reshape(-1, 1))[:, 0, :]
 
     def packed_forward(self, input_ids, positions, hidden=None):
         """`forward` on vLLM's packed tokens of all requests.
@@ -185,12 +198,15 @@ class Stage:
         return layers
 
 
-def _cut(backbone, start, end, last):
-    """The Keras model of the backbone's graph for layers `[start, end)`."""
+def _cut(backbone, start, end, last, from_embeddings=False):
+    """The Keras model of the backbone's graph for layers `[start, end)`,
+    from its inputs, or from the first layer's (`from_embeddings`)."""
     import keras
 
     layers = transformer_layers(backbone)
-    if start == 0:
+    if from_embeddings:
+        inputs = [prompt_embeds.first_layer_input(backbone), backbone.input["padding_mask"]]
+    elif start == 0:
         inputs = backbone.input
     else:
         hidden = layers[start - 1].output
@@ -222,20 +238,26 @@ def _cut(backbone, start, end, last):
         ) from error
 
 
-def stage(backbone, rank=0, size=1):
+def stage(backbone, rank=0, size=1, prompt_embeddings=False):
     """The pipeline stage `rank` of `size` of `backbone`.
 
     Args:
         backbone: A KerasHub backbone, its weights loaded or not.
         rank: The pipeline rank.
         size: The pipeline-parallel size.
+        prompt_embeddings: Whether the stage, the only one, takes input
+            embeddings for every token (`prompt_embeds.py`).
 
     Raises:
         UnsupportedParallelismError: a backbone that cannot be cut.
+        prompt_embeds.PromptEmbedsError: one that cannot take embeddings.
     """
     from vllm.distributed.utils import get_pp_indices
 
     layers = transformer_layers(backbone)
+    if prompt_embeddings:  # On one stage (`prompt_embeds.check_settings`).
+        prompt_embeds.check(backbone, _loop_path(backbone))
+        return prompt_embeds.stage(Stage(backbone, 0, len(layers), 0, 1), _cut)
     if size == 1:
         return Stage(backbone, 0, len(layers), 0, 1)
     reason = PIPELINE_REFUSALS.get(type(backbone).__name__)
