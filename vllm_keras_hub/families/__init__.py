@@ -22,6 +22,7 @@ import importlib.util
 from vllm_keras_hub import keras_on_torch  # noqa: F401
 from vllm_keras_hub.families import bert
 from vllm_keras_hub.families import bloom
+from vllm_keras_hub.families import distil_bert
 from vllm_keras_hub.families import falcon
 from vllm_keras_hub.families import gemma
 from vllm_keras_hub.families import gemma3
@@ -43,6 +44,7 @@ from vllm_keras_hub.families import qwen3_5
 from vllm_keras_hub.families import qwen3_5_moe
 from vllm_keras_hub.families import qwen3_moe
 from vllm_keras_hub.families import qwen_moe
+from vllm_keras_hub.families import roberta
 from vllm_keras_hub.families import rwkv7
 from vllm_keras_hub.families import smollm3
 from vllm_keras_hub.families import xlm_roberta
@@ -59,7 +61,7 @@ FAMILIES = tuple(
         gpt2, opt, llama, llama3, mistral, qwen, qwen3, gemma, gemma3, mixtral,
         qwen_moe, qwen3_moe, smollm3, phi3, gpt_neox, bloom, falcon, gpt_oss,
         gemma3n, gemma4, qwen3_5, qwen3_5_moe, pali_gemma, bert, xlm_roberta,
-        rwkv7,
+        roberta, distil_bert, rwkv7,
     )
 )  # fmt: skip
 
@@ -89,8 +91,6 @@ def _check(family):
         problems.append("hybrid families, and only they, name state layers")
     if family.embedder_only and family.tensor_parallel:
         problems.append("an embedder is served on one rank")
-    if family.embedder_only and not family.embedder:
-        problems.append("an embedder-only family names its TextEmbedder")
     if problems:
         raise ValueError(f"Family {family.name!r}: " + "; ".join(problems) + ".")
 

@@ -34,8 +34,8 @@ class Family:
             stages (`models/pipeline.py`), or `""` where it can.
         hybrid: Whether some layers keep a recurrent state in vLLM's state
             cache instead of a KV cache (`state_layers`).
-        embedder_only: An encoder family, served only as a text embedder
-            (`export/embedder.py`), never to generate.
+        embedder_only: An encoder family, served only for a pooling task
+            (`tasks/`: a text embedder or classifier), never to generate.
         embedder: The KerasHub `TextEmbedder` class its embedding presets
             are, served on `/v1/embeddings` (`export/embedder.py`), or `""`.
         attention: Attention-layer class name -> its

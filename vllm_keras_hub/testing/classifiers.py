@@ -25,6 +25,9 @@ TINY_CLASSIFIERS = {
     ),
     # Independent labels: a sigmoid over each.
     "bert_sigmoid": ("BertTextClassifier", "bert", dict(num_classes=2, activation="sigmoid")),
+    # RoBERTa (byte-level BPE) and DistilBERT (a relu head), two classes.
+    "roberta": ("RobertaTextClassifier", "roberta", dict(num_classes=2)),
+    "distil_bert": ("DistilBertTextClassifier", "distil_bert", dict(num_classes=2)),
     # Cross-encoders, scoring text pairs: one logit, BERT's pairs in two
     # segments; a sigmoid of XLM-RoBERTa's, whose pairs are one segment.
     "bert_cross_encoder": ("BertTextClassifier", "bert", dict(num_classes=1)),
@@ -136,21 +139,28 @@ def packed_pairs(preset, firsts, seconds):
 
 
 def save_bert_pair(directory, num_classes=3, sequence_length=SEQUENCE_LENGTH, **shape):
-    """The same random BERT classifier as a transformers folder and a preset.
+    """`save_hf_pair` of BERT."""
+    return save_hf_pair("bert", directory, num_classes, sequence_length, **shape)
 
-    A random `BertForSequenceClassification` is saved with transformers'
-    own tokenizer of the tiny vocabulary (lowercasing, as BERT's uncased
-    checkpoints): what vLLM native serves. keras-hub's converter loads its
-    encoder and pooler into a `BertBackbone`; its `classifier` layer, which
-    the converter leaves out, becomes the `BertTextClassifier`'s `logits`
-    layer: the preset vllm-keras-hub serves.
+
+def save_hf_pair(family, directory, num_classes=3, sequence_length=SEQUENCE_LENGTH, **shape):
+    """The same random classifier as a transformers folder and a preset.
+
+    A random `...ForSequenceClassification` of `family` is saved with
+    transformers' own tokenizer of the tiny vocabulary (BERT's lowercasing,
+    as its uncased checkpoints; RoBERTa's byte-level BPE): what vLLM native
+    serves. keras-hub's converter loads its encoder into the family's
+    backbone; its classification head, which the converter leaves out,
+    becomes the `TextClassifier`'s own head layers: the preset
+    vllm-keras-hub serves.
 
     Args:
+        family: `"bert"` or `"roberta"`.
         directory: Where to save both.
         num_classes: Its outputs.
         sequence_length: What the preset's preprocessor packs texts to.
-        **shape: `BertConfig` values over the tiny ones (a published
-            model's sizes, for benchmarks).
+        **shape: Config values over the tiny ones (a published model's
+            sizes, for benchmarks).
 
     Returns:
         `(transformers_folder, preset_folder)`.
@@ -159,7 +169,6 @@ def save_bert_pair(directory, num_classes=3, sequence_length=SEQUENCE_LENGTH, **
     import torch
     import transformers
 
-    tokens = list(encoder_tokenizer("bert").get_vocabulary())
     hf_folder = os.path.join(directory, "hf")
     tiny = dict(
         hidden_size=128,
@@ -168,36 +177,83 @@ def save_bert_pair(directory, num_classes=3, sequence_length=SEQUENCE_LENGTH, **
         num_attention_heads=4,
         max_position_embeddings=64,
     )
-    config = transformers.BertConfig(
+    tokenizer = encoder_tokenizer(family)
+    if family == "roberta":
+        # Two rows before the first position (`padding_idx + 1`), as RoBERTa's.
+        tiny["max_position_embeddings"] += 2
+    config_cls, model_cls, classifier_cls, layers = {
+        "bert": (
+            transformers.BertConfig,
+            transformers.BertForSequenceClassification,
+            keras_hub.models.BertTextClassifier,
+            {"logits": "classifier"},
+        ),
+        "roberta": (
+            transformers.RobertaConfig,
+            transformers.RobertaForSequenceClassification,
+            keras_hub.models.RobertaTextClassifier,
+            {"pooled_dense": "classifier.dense", "logits": "classifier.out_proj"},
+        ),
+    }[family]
+    # What keras-hub's backbones compute: BERT's gelu is the tanh
+    # approximation; RoBERTa's is exact, its norms' epsilon 1e-5 (as its
+    # published checkpoints).
+    options = dict(hidden_act="gelu_pytorch_tanh")
+    if family == "roberta":
+        options = dict(
+            hidden_act="gelu", layer_norm_eps=1e-5, type_vocab_size=1,
+            pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        )  # fmt: skip
+    config = config_cls(
         **{**tiny, **shape},
-        vocab_size=len(tokens),
-        # KerasHub's BERT layers use the tanh approximation.
-        hidden_act="gelu_pytorch_tanh",
+        vocab_size=tokenizer.vocabulary_size(),
         num_labels=num_classes,
+        **options,
     )
     torch.manual_seed(0)
-    model = transformers.BertForSequenceClassification(config)
-    # As `build_tiny_classifier`: outputs spread apart.
-    with torch.no_grad():
-        model.classifier.weight.mul_(8.0)
+    model = model_cls(config)
+    with torch.no_grad():  # As `build_tiny_classifier`: outputs spread apart.
+        model.get_submodule(layers["logits"]).weight.mul_(8.0)
+        if family == "roberta":
+            # RoBERTa's one token type adds zeros (its published checkpoints'),
+            # which keras-hub's backbone has no weights for.
+            model.roberta.embeddings.token_type_embeddings.weight.zero_()
     model.save_pretrained(hf_folder)
-    transformers.BertTokenizer(
-        vocab={token: i for i, token in enumerate(tokens)}, do_lower_case=True
-    ).save_pretrained(hf_folder)
-    with open(os.path.join(hf_folder, "vocab.txt"), "w") as f:
-        f.write("\n".join(tokens) + "\n")
+    _save_hf_tokenizer(family, tokenizer, hf_folder)
 
     backbone = keras_hub.models.Backbone.from_preset(hf_folder)
-    preprocessor = keras_hub.models.BertTextClassifierPreprocessor(
-        tokenizer=keras_hub.tokenizers.BertTokenizer(vocabulary=tokens),
-        sequence_length=sequence_length,
+    preprocessor = classifier_cls.preprocessor_cls(
+        tokenizer=tokenizer, sequence_length=sequence_length
     )
-    classifier = keras_hub.models.BertTextClassifier(
+    classifier = classifier_cls(
         backbone=backbone, preprocessor=preprocessor, num_classes=num_classes
     )
-    logits = classifier.get_layer("logits")
-    logits.kernel.assign(np.transpose(model.classifier.weight.detach().numpy()))
-    logits.bias.assign(model.classifier.bias.detach().numpy())
+    for name, source in layers.items():
+        layer, linear = classifier.get_layer(name), model.get_submodule(source)
+        layer.kernel.assign(np.transpose(linear.weight.detach().numpy()))
+        layer.bias.assign(linear.bias.detach().numpy())
     preset = os.path.join(directory, "preset")
     classifier.save_to_preset(preset)
     return hf_folder, preset
+
+
+def _save_hf_tokenizer(family, tokenizer, folder):
+    """transformers' tokenizer of the tiny vocabulary of `family`."""
+    import json
+
+    import transformers
+
+    if family == "bert":
+        tokens = list(tokenizer.get_vocabulary())
+        transformers.BertTokenizer(
+            vocab={token: i for i, token in enumerate(tokens)}, do_lower_case=True
+        ).save_pretrained(folder)
+        with open(os.path.join(folder, "vocab.txt"), "w") as f:
+            f.write("\n".join(tokens) + "\n")
+        return
+    vocab_file, merges_file = os.path.join(folder, "vocab.json"), os.path.join(folder, "merges.txt")
+    with open(vocab_file, "w") as f:
+        json.dump(tokenizer.vocabulary, f)
+    with open(merges_file, "w") as f:
+        f.write("#version: 0.2\n" + "\n".join(tokenizer.merges) + "\n")
+    transformers.RobertaTokenizer(vocab_file, merges_file).save_pretrained(folder)

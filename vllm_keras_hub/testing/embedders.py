@@ -66,11 +66,20 @@ _WORDPIECE_VOCABULARY = (
 
 
 def encoder_tokenizer(family):
-    """The tiny tokenizer of encoder `family`: `"bert"` or `"xlm_roberta"`."""
+    """The tiny tokenizer of encoder `family`: `"bert"`, `"distil_bert"`,
+    `"roberta"` or `"xlm_roberta"`."""
+    from vllm_keras_hub.testing.tokenizers import tiny_bpe_vocabulary_and_merges
     from vllm_keras_hub.testing.tokenizers import tiny_sentencepiece_proto
 
     if family == "bert":
         return keras_hub.tokenizers.BertTokenizer(vocabulary=_WORDPIECE_VOCABULARY)
+    if family == "distil_bert":
+        return keras_hub.tokenizers.DistilBertTokenizer(vocabulary=_WORDPIECE_VOCABULARY)
+    if family == "roberta":
+        # With transformers' `<unk>`, which its RoBERTa tokenizer adds.
+        specials = ("<s>", "<pad>", "</s>", "<mask>", "<unk>")
+        vocabulary, merges = tiny_bpe_vocabulary_and_merges(specials)
+        return keras_hub.tokenizers.RobertaTokenizer(vocabulary=vocabulary, merges=merges)
     return keras_hub.tokenizers.XLMRobertaTokenizer(
         proto=tiny_sentencepiece_proto(layout="llama")
     )

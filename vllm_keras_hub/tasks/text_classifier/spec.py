@@ -55,13 +55,18 @@ class Head:
 
 
 # The TextClassifier classes served. BERT pools through its backbone's own
-# `pooled_dense` (its `pooled_output`); XLM-RoBERTa through the task's.
+# `pooled_dense` (its `pooled_output`); the others through the task's (tanh,
+# or DistilBERT's relu).
 HEADS = {
     "BertTextClassifier": Head(
         "BertBackbone", (("backbone", "pooled_dense"), ("task", "logits")), segment_ids=True
     ),
     "XLMRobertaTextClassifier": Head(
         "XLMRobertaBackbone", (("task", "pooled_dense"), ("task", "logits"))
+    ),
+    "RobertaTextClassifier": Head("RobertaBackbone", (("task", "pooled_dense"), ("task", "logits"))),
+    "DistilBertTextClassifier": Head(
+        "DistilBertBackbone", (("task", "pooled_dense"), ("task", "logits"))
     ),
 }  # fmt: skip
 

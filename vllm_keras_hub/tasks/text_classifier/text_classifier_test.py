@@ -1,8 +1,8 @@
 """KerasHub text classifiers served by vLLM's pooling runner.
 
-Tiny random-weight presets (`testing/classifiers.py`): BERT giving logits,
-XLM-RoBERTa with its own softmax (compiled), BERT with a sigmoid over
-independent labels. The oracle is each preset's own `TextClassifier`
+Tiny random-weight presets (`testing/classifiers.py`): BERT, RoBERTa and
+DistilBERT giving logits, XLM-RoBERTa with its own softmax (compiled), BERT
+with a sigmoid over independent labels. The oracle is each preset's own `TextClassifier`
 (`keras_hub_predictions`): what vLLM returns as `probs` is `predict()`'s
 output with the preset's activation, or vLLM's softmax where it has none;
 its logits are what `use_activation=False` returns.
@@ -17,6 +17,7 @@ from vllm_keras_hub import tasks
 from vllm_keras_hub.entrypoints.llm import KerasHubLLM
 from vllm_keras_hub.tasks.text_classifier.spec import ClassifierError
 from vllm_keras_hub.testing.classifiers import SEQUENCE_LENGTH
+from vllm_keras_hub.testing.classifiers import TINY_CLASSIFIERS
 from vllm_keras_hub.testing.classifiers import build_tiny_classifier
 from vllm_keras_hub.testing.classifiers import keras_hub_predictions
 from vllm_keras_hub.testing.engines import TEST_ENGINE_KWARGS
@@ -37,6 +38,8 @@ ENGINES = {
     "bert": dict(),
     "xlm_roberta_softmax": dict(enforce_eager=False),
     "bert_sigmoid": dict(),
+    "roberta": dict(),
+    "distil_bert": dict(),
 }
 LONGEST = dict(max_model_len=SEQUENCE_LENGTH)
 
@@ -71,6 +74,11 @@ def _probs(outputs):
     return np.array([output.outputs.probs for output in outputs])
 
 
+def _without_activation(name):
+    # `predict()` gives logits: vLLM's probs are its softmax over them.
+    return "activation" not in TINY_CLASSIFIERS[name][2]
+
+
 def _softmax(x):
     e = np.exp(x - x.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True)
@@ -81,7 +89,7 @@ def test_classes_are_the_presets_own(llm, oracle, name):
     outputs = llm.classify(TEXTS, use_tqdm=False)
     # The same tokens as the preset's preprocessor packs, so pooling sees them.
     assert [len(output.prompt_token_ids) for output in outputs] == counts
-    if name == "bert":  # Logits: vLLM's softmax over them, as for its own classifiers.
+    if _without_activation(name):  # vLLM's softmax, as for its own classifiers.
         want = _softmax(want)
     got = _probs(outputs)
     assert got.shape == want.shape
@@ -101,7 +109,7 @@ def test_logits_without_the_activation(llm, logits):
 def test_each_text_alone_equals_it_in_the_batch(llm, oracle, name):
     want, _ = oracle
     got = _probs(llm.classify([TEXTS[1]], use_tqdm=False))[0]
-    if name == "bert":
+    if _without_activation(name):
         want = _softmax(want)
     np.testing.assert_allclose(got, want[1], atol=TOLERANCE, rtol=0)
 
@@ -156,16 +164,18 @@ def test_tensor_parallelism_is_refused(tmp_path):
         )
 
 
-def test_served_classes_equal_vllm_natives_bert(tmp_path):
-    """vLLM's own `BertForSequenceClassification`, on the same random weights."""
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_served_classes_equal_vllm_natives(family, tmp_path):
+    """vLLM's own `BertForSequenceClassification` and
+    `RobertaForSequenceClassification`, on the same random weights."""
     import vllm
 
-    from vllm_keras_hub.testing.classifiers import save_bert_pair
+    from vllm_keras_hub.testing.classifiers import save_hf_pair
     from vllm_keras_hub.testing.engines import in_process_engine_env
 
-    # Lowercase ASCII: transformers' tokenizer and KerasHub's give the same ids.
+    # Lowercase ASCII: transformers' tokenizers and KerasHub's give the same ids.
     texts = [text.lower() for text in TEXTS]
-    folder, preset = save_bert_pair(str(tmp_path))
+    folder, preset = save_hf_pair(family, str(tmp_path))
     kwargs = {**TEST_ENGINE_KWARGS, **LONGEST}
     with in_process_engine_env():
         native = vllm.LLM(folder, distributed_executor_backend="uni", **kwargs)
