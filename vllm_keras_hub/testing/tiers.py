@@ -72,6 +72,12 @@ SLICES = {
     # drafts and the assistant; vLLM native's MoE, Qwen3.5, embedding and
     # logprob cross-checks; Gemma 4's tools; our names beside keras-hub's.
     2: (
+        # The new tasks' second servers and native cross-checks (their parity
+        # with the preset's own runs every landing).
+        "vllm_keras_hub/models/prompt_embeds_test.py::test_other_embeddings_equal_vllm_natives_llama",
+        "vllm_keras_hub/models/prompt_embeds_test.py::test_prompt_embeds_through_the_server",
+        "vllm_keras_hub/tasks/text_classifier/cross_encoder_test.py::test_score_and_rerank_through_the_server",
+        "vllm_keras_hub/tasks/text_classifier/text_classifier_test.py::test_served_classes_equal_vllm_natives[roberta]",
         *(f"{_TP}[{f}]" for f in ("gpt2", "smollm3", "gemma3n", "gpt_oss", "phi3_su", "gemma3",
                                   "qwen", "opt", "gpt_neox", "qwen3_5", "qwen3_5_moe", "llama",
                                   "bloom", "gemma2", "gemma4_moe", "qwen3_moe", "llama3")),
