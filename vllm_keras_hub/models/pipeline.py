@@ -250,12 +250,12 @@ def stage(backbone, rank=0, size=1, prompt_embeddings=False):
 
     Raises:
         UnsupportedParallelismError: a backbone that cannot be cut.
-        prompt_embeds.PromptEmbedsError: one that cannot take embeddings.
+        settings.PromptEmbedsError: one that cannot take embeddings.
     """
     from vllm.distributed.utils import get_pp_indices
 
     layers = transformer_layers(backbone)
-    if prompt_embeddings:  # On one stage (`prompt_embeds.check_settings`).
+    if prompt_embeddings:  # On one stage (`settings.check_prompt_embeds`).
         prompt_embeds.check(backbone, _loop_path(backbone))
         return prompt_embeds.stage(Stage(backbone, 0, len(layers), 0, 1), _cut)
     if size == 1:

@@ -20,8 +20,8 @@ scale), and the rest. Refused at start-up, each with the reason:
   or whose text path is a loop over its layers (Gemma3n's and Gemma4's
   per-layer inputs come from the token ids).
 The settings it is not proven with (images, tensor and pipeline
-parallelism, pooling tasks) are refused before the engine starts
-(`settings.py`).
+parallelism, LoRA adapters, drafts, pooling tasks) are refused before the
+engine starts (`settings.py`).
 """
 
 import dataclasses
