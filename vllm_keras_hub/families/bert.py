@@ -2,10 +2,9 @@
 
 from keras import ops
 
-from vllm_keras_hub.layers import step
-
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
+from vllm_keras_hub.layers import step
 from vllm_keras_hub.layers.attention.attention_routes import ENCODER_ROUTES
 
 
