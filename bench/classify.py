@@ -38,6 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from embeddings import make_texts  # noqa: E402
+from embeddings import throughput_table  # noqa: E402
 from embeddings import time_batches  # noqa: E402
 from embeddings import time_requests  # noqa: E402
 
@@ -130,32 +131,8 @@ def report(results):
         if other is not None:
             differences[system] = float(np.abs(np.array(other) - first).max())
     results["max_probs_difference_vs_keras_hub"] = differences
-    lines.append(f"{'system':26}" + "".join(
-        f"{f'texts/s @{c}':>14}{'p50 ms':>10}{'p99 ms':>10}" for c in CONCURRENCY))
-    for system in SYSTEMS:
-        row = results.get(system)
-        if row is None:
-            continue
-        if "error" in row:
-            lines.append(f"{LABELS[system]:26} error: {row['error']}")
-            continue
-        lines.append(f"{LABELS[system]:26}" + "".join(
-            f"{row[str(c)]['texts_per_s']:14.1f}{row[str(c)]['p50_ms']:10.0f}"
-            f"{row[str(c)]['p99_ms']:10.0f}" for c in CONCURRENCY))
-    ratios = {}
-    for baseline in ("native", "predict"):
-        if "error" in results.get(baseline, {"error": 1}):
-            continue
-        ratios[baseline] = {
-            str(c): results["keras_hub"][str(c)]["texts_per_s"]
-            / results[baseline][str(c)]["texts_per_s"] for c in CONCURRENCY}
-        lines.append(f"keras_hub / {baseline} texts/s: " + ", ".join(
-            f"{r:.2f}x @{c}" for c, r in ratios[baseline].items()))
-    results["ratios"] = ratios
+    results["ratios"] = throughput_table(results, SYSTEMS, LABELS, ("native", "predict"), lines)
     results["targets"] = {"vs native, every concurrency": ">= 0.95x"}
-    for row in results.values():
-        if isinstance(row, dict):
-            row.pop("first", None)
     lines.append(f"max |probs difference| vs vllm-keras-hub: {differences}")
     return "\n".join(lines)
 

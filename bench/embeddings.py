@@ -210,6 +210,37 @@ def ensure_sentence_transformers():
                     ST_FOLDER, *ST_PACKAGES], check=True)
 
 
+def throughput_table(results, systems, labels, baselines, lines):
+    """Appends each system's texts/s and latencies at `CONCURRENCY` to
+    `lines`, then vllm-keras-hub's ratio to each baseline run; drops the
+    first outputs (compared before). Returns the ratios."""
+    lines.append(f"{'system':26}" + "".join(
+        f"{f'texts/s @{c}':>14}{'p50 ms':>10}{'p99 ms':>10}" for c in CONCURRENCY))
+    for system in systems:
+        row = results.get(system)
+        if row is None:  # Not run (--systems).
+            continue
+        if "error" in row:
+            lines.append(f"{labels[system]:26} error: {row['error']}")
+            continue
+        lines.append(f"{labels[system]:26}" + "".join(
+            f"{row[str(c)]['texts_per_s']:14.1f}{row[str(c)]['p50_ms']:10.0f}"
+            f"{row[str(c)]['p99_ms']:10.0f}" for c in CONCURRENCY))
+    ratios = {}
+    for baseline in baselines:
+        if "error" in results.get(baseline, {"error": 1}):
+            continue
+        ratios[baseline] = {
+            str(c): results["keras_hub"][str(c)]["texts_per_s"]
+            / results[baseline][str(c)]["texts_per_s"] for c in CONCURRENCY}
+        lines.append(f"keras_hub / {baseline} texts/s: " + ", ".join(
+            f"{r:.2f}x @{c}" for c, r in ratios[baseline].items()))
+    for row in results.values():  # Compared already; hundreds of floats each.
+        if isinstance(row, dict):
+            row.pop("first", None)
+    return ratios
+
+
 def report(results):
     import numpy as np
 
@@ -220,34 +251,10 @@ def report(results):
         if other is not None:
             results.setdefault("max_difference_vs_keras_hub", {})[system] = float(
                 np.abs(np.array(other) - first).max())
-    header = f"{'system':26}" + "".join(f"{f'texts/s @{c}':>14}{'p50 ms':>10}{'p99 ms':>10}"
-                                        for c in CONCURRENCY)
-    lines.append(header)
-    for system in SYSTEMS:
-        row = results.get(system)
-        if row is None:  # Not run (--systems).
-            continue
-        if "error" in row:
-            lines.append(f"{LABELS[system]:26} error: {row['error']}")
-            continue
-        lines.append(f"{LABELS[system]:26}" + "".join(
-            f"{row[str(c)]['texts_per_s']:14.1f}{row[str(c)]['p50_ms']:10.0f}"
-            f"{row[str(c)]['p99_ms']:10.0f}" for c in CONCURRENCY))
-    ratios = {}
-    for baseline in ("native", "encode_text"):
-        if "error" in results.get(baseline, {"error": 1}):
-            continue
-        ratios[baseline] = {
-            str(c): results["keras_hub"][str(c)]["texts_per_s"]
-            / results[baseline][str(c)]["texts_per_s"] for c in CONCURRENCY}
-        lines.append(f"keras_hub / {baseline} texts/s: " + ", ".join(
-            f"{r:.2f}x @{c}" for c, r in ratios[baseline].items()))
+    ratios = throughput_table(results, SYSTEMS, LABELS, ("native", "encode_text"), lines)
     results["ratios"] = ratios
     results["targets"] = {"vs native, every concurrency": ">= 0.95x",
                           "vs encode_text at 64": ">= 3x"}
-    for row in results.values():  # Compared above; 768 floats each.
-        if isinstance(row, dict):
-            row.pop("first", None)
     lines.append(f"max |embedding difference| vs vllm-keras-hub: "
                  f"{results.get('max_difference_vs_keras_hub')}")
     return "\n".join(lines)
