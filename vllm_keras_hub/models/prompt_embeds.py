@@ -52,6 +52,7 @@ def first_layer_input(backbone):
     # that is not a tensor as sparse (`Multiply.compute_output_spec`), so
     # Gemma's scaled embeddings are marked sparse, and a model cut there
     # gets a sparse input, which the torch backend refuses. They are dense.
+    # This can go when a scalar operand no longer makes the output sparse.
     if hidden.sparse:
         hidden._sparse = False
     return hidden
