@@ -1,11 +1,11 @@
 """The suite's tiers: what every landing proves, and what it proves in turn.
 
 Every landing's CI (`.ci/run`, which calls `scripts/test`) runs the default
-tier and one slice of the extended tier: slice `commits % 3 + 1`, where
+tier and one slice of the extended tier: slice `commits % 4 + 1`, where
 `commits` is `git rev-list --count HEAD` of the landing. A landing that
 moves the count on by one slice (`scripts/test --slices` shows where it
 stands) runs the next slice, so each claim the extended tier proves is
-proven at least once every three landings. A cold landing must stay within
+proven at least once every four landings. A cold landing must stay within
 45 minutes on 2 cores: the default tier and its heaviest slice together
 (`tests/tiers_test.py` checks them against a recorded run).
 
@@ -16,7 +16,7 @@ tier.
 import fnmatch
 import re
 
-SLICE_COUNT = 3
+SLICE_COUNT = 4
 
 _P = "tests/parallel_test.py::"
 _TP = _P + "test_tensor_parallel_greedy_parity"
@@ -24,14 +24,12 @@ _PP = _P + "test_pipeline_parallel_greedy_parity"
 _PARITY = "tests/model_test.py::test_greedy_parity"
 
 SLICES = {
-    # Servers under load, faults and restarts, and in other processes:
-    # plain vLLM, two disaggregated servers, two nodes, the servers of the
-    # media families beyond Gemma3n's; tensor parallelism for eight families,
-    # greedy parity for ten and six of vLLM native's cross-checks; GPT-OSS's
-    # tools; further draft, adapter, preemption and disaggregation cases.
+    # Servers in other processes: plain vLLM, two disaggregated servers, the
+    # servers of the media families beyond Gemma3n's; tensor parallelism for
+    # eight families, greedy parity for ten and six of vLLM native's
+    # cross-checks; GPT-OSS's tools; further draft, adapter, preemption and
+    # disaggregation cases.
     1: (
-        "tests/reliability_test.py::*",
-        "vllm_keras_hub/vllm_fixes/saved_compile_test.py::*",
         "vllm_keras_hub/entrypoints/cli_test.py::test_exported_vision_folder_serves_images_with_plain_vllm",
         "vllm_keras_hub/entrypoints/cli_test.py::test_unsupported_parallelism_exits_before_the_engine_starts[qwen3*",
         "tests/plugin_test.py::test_plain_vllm_serves_a_hugging_face_model[jax]",
@@ -46,8 +44,6 @@ SLICES = {
         "tests/chat_tools_server_test.py::*[llama3_1*",
         "vllm_keras_hub/lora/merged_test.py::test_serve_merges_the_adapter_and_answers_the_openai_client",
         "vllm_keras_hub/lora/merged_test.py::test_preset_saved_after_lora_fine_tuning_serves_compiled",
-        _P + "test_two_nodes_on_loopback_give_generates_tokens[*]",
-        _P + "test_data_parallel_across_two_nodes_gives_generates_tokens",
         *(f"{_TP}[{f}]" for f in ("mistral", "falcon", "mixtral", "qwen3",
                                   "qwen_moe", "gemma", "phi3", "gemma4")),
         *(f"{_PARITY}[{f}]" for f in ("mistral", "bloom", "gemma", "phi3", "llama", "gemma2",
@@ -68,9 +64,9 @@ SLICES = {
         "tests/chat_tools_server_test.py::*[gpt_oss*",
         f"{_PARITY}[gemma4]",
     ),
-    # Tensor parallelism for the other families, and with media, adapters,
-    # drafts and the assistant; vLLM native's MoE, Qwen3.5, embedding and
-    # logprob cross-checks; Gemma 4's tools; our names beside keras-hub's.
+    # Tensor parallelism for the other families, and with images, adapters,
+    # PaliGemma and the assistant; vLLM native's MoE, Qwen3.5 and embedding
+    # cross-checks; Gemma 4's tools; our names beside keras-hub's.
     2: (
         # The new tasks' second servers and native cross-checks (their parity
         # with the preset's own runs every landing).
@@ -81,20 +77,16 @@ SLICES = {
         *(f"{_TP}[{f}]" for f in ("gpt2", "smollm3", "gemma3n", "gpt_oss", "phi3_su", "gemma3",
                                   "qwen", "opt", "gpt_neox", "qwen3_5", "qwen3_5_moe", "llama",
                                   "bloom", "gemma2", "gemma4_moe", "qwen3_moe", "llama3")),
-        _P + "test_a_multimodal_preset_serves_text_at_two_ranks[*]",
         _P + "test_tensor_parallel_images_match_generate[gemma4]",
         _P + "test_tensor_parallel_images_match_generate[gemma3n]",
         _P + "test_adapters_per_request_at_two_ranks",
-        _P + "test_an_eagle3_head_and_a_draft_model_at_two_ranks",
         _P + "test_pali_gemma_at_two_ranks_matches_generate",
         _P + "test_qwen3_5_images_in_each_layout[tensor]",
-        _P + "test_bidirectional_gemma4_images_in_each_layout[tensor]",
         "tests/mtp_test.py::test_the_assistant_at_two_ranks_drafts_as_its_preset",
         "tests/native_families_test.py::test_moe_families_*",
         "tests/native_families_test.py::test_qwen3_5_*",
         "tests/embeddings_native_test.py::*[bert]",
         "tests/embeddings_native_test.py::*[qwen3]",
-        "tests/features_test.py::test_logprobs_match_vllm_native",
         "tests/features_test.py::test_ngram_speculative_decoding",
         "tests/chat_tools_server_test.py::*[qwen2_5*",
         "tests/model_test.py::test_multimodal_presets_serve_text_as_generate[gemma3n]",
@@ -107,26 +99,21 @@ SLICES = {
         "tests/chat_tools_server_test.py::*[gemma4*",
     ),
     # Pipeline parallelism for every family that can be cut, and with
-    # images, KV sharing, state, adapters and 2 ranks a stage; further
-    # Gemma4, embedding, draft and adapter cases; vLLM native Llama's
-    # logprobs; an exported folder under plain vLLM.
+    # images and adapters; further Gemma4, embedding, draft and adapter
+    # cases; vLLM native Llama's logprobs; an exported folder under plain
+    # vLLM.
     3: (
         *(f"{_PP}[{f}-False]" for f in ("gemma3", "gpt2", "gpt_neox", "smollm3", "qwen",
                                         "gemma2", "bloom", "gpt_oss", "qwen3_moe", "falcon",
                                         "gemma", "llama", "mistral", "mixtral", "opt", "phi3",
                                         "phi3_su", "qwen3", "qwen_moe")),
         f"{_PP}[gemma3-True]",
-        _P + "test_gemma4_pipeline_keeps_kv_sharing_layers_with_their_sources[*]",
         _P + "test_pipeline_parallel_images_match_generate[gemma4]",
-        _P + "test_hybrid_pipeline_keeps_each_stages_state_on_its_rank[*]",
         _P + "test_adapters_per_request_at_two_stages",
-        _P + "test_tensor_and_pipeline_parallel_together[*]",
         _P + "test_qwen3_5_images_in_each_layout[pipeline]",
         _P + "test_bidirectional_gemma4_images_in_each_layout[pipeline]",
-        "tests/features_test.py::test_data_parallel_matches_one_engine",
         "tests/speculative_native_test.py::test_an_eagle3_head_compiled_and_chunked",
         "tests/mtp_test.py::*[compiled]",
-        "tests/preemption_test.py::*[gemma4]",
         "tests/vision_gemma4_bidirectional_test.py::test_video_frames_attend_within_themselves_as_the_full_forward",
         "tests/vision_gemma4_bidirectional_test.py::test_the_same_image_again_is_served_from_the_prefix_cache",
         "tests/vision_gemma4_bidirectional_test.py::test_clips_stay_causal_beside_bidirectional_images",
@@ -144,6 +131,25 @@ SLICES = {
         "tests/native_parity_test.py::*",
         "vllm_keras_hub/entrypoints/cli_test.py::test_exported_folder_serves_with_plain_vllm",
     ),
+    # Servers under load, faults and shutdown, a saved compile restarted;
+    # two nodes; data parallelism; tensor and pipeline parallelism together,
+    # with KV sharing and state across stages; media presets and drafts at
+    # two ranks; vLLM native's logprobs; Gemma4's preemption.
+    4: (
+        "tests/reliability_test.py::*",
+        "vllm_keras_hub/vllm_fixes/saved_compile_test.py::*",
+        _P + "test_two_nodes_on_loopback_give_generates_tokens[*]",
+        _P + "test_data_parallel_across_two_nodes_gives_generates_tokens",
+        "tests/features_test.py::test_data_parallel_matches_one_engine",
+        _P + "test_tensor_and_pipeline_parallel_together[*]",
+        _P + "test_gemma4_pipeline_keeps_kv_sharing_layers_with_their_sources[*]",
+        _P + "test_hybrid_pipeline_keeps_each_stages_state_on_its_rank[*]",
+        _P + "test_a_multimodal_preset_serves_text_at_two_ranks[*]",
+        _P + "test_an_eagle3_head_and_a_draft_model_at_two_ranks",
+        _P + "test_bidirectional_gemma4_images_in_each_layout[tensor]",
+        "tests/features_test.py::test_logprobs_match_vllm_native",
+        "tests/preemption_test.py::*[gemma4]",
+    ),
 }
 
 
@@ -152,7 +158,7 @@ def _matches(nodeid, pattern):
 
 
 def slice_of(nodeid):
-    """The extended slice (1 to 3) of the test `nodeid`, or None for the
+    """The extended slice (1 to 4) of the test `nodeid`, or None for the
     default tier."""
     for number, patterns in SLICES.items():
         if any(_matches(nodeid, pattern) for pattern in patterns):
@@ -196,7 +202,7 @@ def matching(pattern, nodeids):
 # folder may be left out, `*` is any text), then `(every landing)` or
 # `(slice N)`, in italics or not.
 NODE = re.compile(r"`((?:[\w.]+/)*\w+_test\.py)::([^`\s]+)`")
-TAG = re.compile(r"\s*\*?\((every landing|slice [1-3])\)\*?")
+TAG = re.compile(r"\s*\*?\((every landing|slice [1-4])\)\*?")
 
 
 def references(text):
