@@ -66,6 +66,14 @@ def register():
             mode, "vllm_keras_hub.entrypoints.image_first_renderer", "ImageFirstRenderer"
         )
     TokenizerRegistry.register(
+        config.SEQ2SEQ_TOKENIZER_MODE, "vllm.tokenizers.hf", "CachedHfTokenizer"
+    )
+    RENDERER_REGISTRY.register(
+        config.SEQ2SEQ_TOKENIZER_MODE,
+        "vllm_keras_hub.tasks.seq_2_seq_lm.renderer",
+        "Seq2SeqRenderer",
+    )
+    TokenizerRegistry.register(
         config.KERAS_HUB_EMBEDDER_TOKENIZER_MODE,
         "vllm_keras_hub.export.keras_hub_tokenizers",
         "KerasHubEmbedderTokenizer",

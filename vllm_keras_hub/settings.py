@@ -170,10 +170,12 @@ def check_prompt_embeds(image, values):
 
 
 def check_pooling_settings(task, values):
-    """Raises for engine settings a pooling task is not served with.
+    """Raises for engine settings a pooling or encoder-decoder task is not
+    served with.
 
     Args:
-        task: Its KerasHub task class name (a `TextEmbedder`, ...).
+        task: Its KerasHub task class name (a `TextEmbedder`, a
+            `Seq2SeqLM`, ...).
         values: vLLM engine arguments by name.
     """
     refused = {
@@ -190,8 +192,8 @@ def check_pooling_settings(task, values):
             continue
         raise UnsupportedPoolingSettingError(
             f"{task} presets are served without {what} ({name}={value!r}): "
-            "vllm-keras-hub's pooling models are proven on one worker, "
-            "without adapters or drafts, only."
+            "vllm-keras-hub's pooling and encoder-decoder models are proven on "
+            "one worker, without adapters or drafts, only."
         )
 
 
@@ -251,6 +253,8 @@ def settle(folder, values, given):
         updates["kv_cache_memory_bytes"] = kv_cache_bytes
     if folder.pooling:
         check_pooling_settings(folder.pooling["task"], {**values, **updates})
+    if folder.family.seq2seq:
+        check_pooling_settings(folder.family.seq2seq, {**values, **updates})
         return updates
     check(folder.family, folder.images, {**values, **updates})
     return updates
@@ -299,6 +303,8 @@ def verify(vllm_config):
     _, pooling = tasks.of_config(hf_config)
     if pooling is not None:
         check_pooling_settings(pooling["task"], values)
+    if family.seq2seq:
+        check_pooling_settings(family.seq2seq, values)
 
 
 def engine_values(vllm_config):

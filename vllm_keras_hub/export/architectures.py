@@ -14,6 +14,7 @@ folders carry readable, wherever nothing else holds them.
 """
 
 from vllm_keras_hub import tasks
+from vllm_keras_hub.tasks import seq_2_seq_lm
 
 CAUSAL = "KerasHubTorchForCausalLM"
 # Presets that mix attention with recurrent-state layers.
@@ -41,6 +42,8 @@ CLASSES = {
     MROPE: f"{_FAMILIES}.qwen3_5.media:KerasHubQwen3_5VisionForCausalLM",
     # Each pooling task's class (`tasks/`).
     **tasks.CLASSES,
+    # Encoder-decoder presets (`tasks/seq_2_seq_lm/`).
+    seq_2_seq_lm.ARCHITECTURE: seq_2_seq_lm.MODEL_CLASS,
 }
 
 # The names folders written before these carry -> ours.

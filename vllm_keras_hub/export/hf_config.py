@@ -29,6 +29,9 @@ FORMER_KERAS_HUB_TOKENIZER_MODE = "keras_hub"
 # The same for a text embedder, which packs texts as its preprocessor does
 # (`export/keras_hub_tokenizers.py`).
 KERAS_HUB_EMBEDDER_TOKENIZER_MODE = "keras_hub_embedder"
+# An encoder-decoder preset's exported tokenizer, with a renderer that takes
+# a plain prompt as the encoder's text (`tasks/seq_2_seq_lm/renderer.py`).
+SEQ2SEQ_TOKENIZER_MODE = "keras_hub_seq2seq"
 
 
 class KerasHubConfig(PretrainedConfig):

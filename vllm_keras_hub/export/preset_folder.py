@@ -31,6 +31,7 @@ from vllm_keras_hub.export.preset_chat import chat_format_of
 from vllm_keras_hub.export.tokenizer_backends import TokenizerExportError
 from vllm_keras_hub.preset import Preset
 from vllm_keras_hub.preset import PresetError
+from vllm_keras_hub.tasks.seq_2_seq_lm import spec as seq2seq_spec
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def read_preset(preset):
     else:
         backbone_config = preset.config["config"]
     family = families.family_for_backbone(preset.backbone_cls.__name__, preset)
-    if family.embedder_only:  # No CausalLM takes an encoder.
+    if family.embedder_only or family.seq2seq:  # Not served by a CausalLM.
         return family, backbone_config, None
     return family, backbone_config, sampling.causal_lm_class(preset)
 
@@ -165,6 +166,8 @@ def write_model_folder(preset, directory, max_model_len=None):
     preset = Preset(resolve_preset(preset))
     family, backbone_config, causal_lm_cls = read_preset(preset)
     tokenizer, checkpoint = read_tokenizers(preset, backbone_config, causal_lm_cls)
+    if family.seq2seq:
+        return _write_seq2seq_folder(preset, directory, family, backbone_config, tokenizer, max_model_len)
     task, spec = tasks.read(preset, family, backbone_config)
     if spec is None and family.embedder_only:
         raise tasks.PoolingTaskError(
@@ -240,6 +243,27 @@ def write_model_folder(preset, directory, max_model_len=None):
     if images.get("keras_hub_image", {}).get("bidirectional") == "prefix":
         return config_lib.IMAGE_FIRST_TOKENIZER_MODES[mode]
     return mode
+
+
+def _write_seq2seq_folder(preset, directory, family, backbone_config, tokenizer, max_model_len):
+    fields = seq2seq_spec.config_fields(family, backbone_config, tokenizer, max_model_len)
+    config_lib.KerasHubConfig(
+        keras_hub_preset=preset.reference,
+        keras_hub_family=family.name,
+        keras_hub_config_digest=config_digest(backbone_config),
+        torch_dtype=weights_dtype(backbone_config),
+        **fields,
+    ).save_pretrained(directory)
+    seq2seq_spec.write_generation_config(family, tokenizer, directory)
+    # Decoder prompts start with the start token, after vLLM's decoder start.
+    mode = _write_tokenizer(preset, tokenizer, directory, add_start_token=True)
+    if mode != "auto":
+        raise PresetError(
+            f"Cannot serve '{preset}': its {family.display_name} tokenizer cannot be "
+            "exported exactly, and an encoder-decoder preset is served with its "
+            "exported tokenizer only."
+        )
+    return config_lib.SEQ2SEQ_TOKENIZER_MODE
 
 
 def _write_pooling_folder(

@@ -20,6 +20,7 @@ import importlib.util
 
 # First: the family modules import Keras, on torch.
 from vllm_keras_hub import keras_on_torch  # noqa: F401
+from vllm_keras_hub.families import bart
 from vllm_keras_hub.families import bert
 from vllm_keras_hub.families import bloom
 from vllm_keras_hub.families import distil_bert
@@ -61,7 +62,7 @@ FAMILIES = tuple(
         gpt2, opt, llama, llama3, mistral, qwen, qwen3, gemma, gemma3, mixtral,
         qwen_moe, qwen3_moe, smollm3, phi3, gpt_neox, bloom, falcon, gpt_oss,
         gemma3n, gemma4, qwen3_5, qwen3_5_moe, pali_gemma, bert, xlm_roberta,
-        roberta, distil_bert, rwkv7,
+        roberta, distil_bert, bart, rwkv7,
     )
 )  # fmt: skip
 
@@ -81,8 +82,10 @@ def _check(family):
     problems = []
     if family.route not in (KERAS_HUB, OURS, None):
         problems.append(f"route {family.route!r} is none of keras_hub, ours or None")
-    if family.route == OURS and not family.attention:
+    if family.route == OURS and not family.attention and not family.seq2seq:
         problems.append("its route is ours, but it names no attention route")
+    if family.seq2seq and family.attention:
+        problems.append("an encoder-decoder's attention is routed by its task's model")
     if family.route != OURS and family.attention:
         problems.append("it names attention routes its route does not use")
     if family.route is None and not family.unsupported_reason:
@@ -136,7 +139,7 @@ def supported_families():
     return [
         family.display_name
         for family in FAMILIES
-        if family.route and not family.embedder_only
+        if family.route and not family.embedder_only and not family.seq2seq
     ]
 
 

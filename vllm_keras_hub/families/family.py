@@ -36,6 +36,9 @@ class Family:
             cache instead of a KV cache (`state_layers`).
         embedder_only: An encoder family, served only for a pooling task
             (`tasks/`: a text embedder or classifier), never to generate.
+        seq2seq: The KerasHub `Seq2SeqLM` class of an encoder-decoder
+            family, served by vLLM's encoder-decoder runner
+            (`tasks/seq_2_seq_lm/`), or `""`.
         embedder: The KerasHub `TextEmbedder` class its embedding presets
             are, served on `/v1/embeddings` (`export/embedder.py`), or `""`.
         attention: Attention-layer class name -> its
@@ -78,6 +81,7 @@ class Family:
     pipeline_refusal: str = ""
     hybrid: bool = False
     embedder_only: bool = False
+    seq2seq: str = ""
     embedder: str = ""
     attention: dict = dataclasses.field(default_factory=dict, hash=False)
     moe: dict = dataclasses.field(default_factory=dict, hash=False)

@@ -168,7 +168,8 @@ def render(recorded):
                 f"| {family.display_name} | | refused: {family.unsupported_reason} "
                 + "| " * (len(HEADINGS) + 1) + "|"
             )
-        elif family.name not in tested and not family.embedder_only:
+        # The causal LMs' matrix: the other tasks have their own pages.
+        elif family.name not in tested and not (family.embedder_only or family.seq2seq):
             lines.append(
                 f"| {family.display_name} | | in no recorded run "
                 + "| " * (len(HEADINGS) + 1) + "|"

@@ -1,0 +1,216 @@
+"""The vLLM model class of KerasHub `Seq2SeqLM` presets (BART).
+
+The backbone's own functional graph, cut at the encoder's output (as
+`models/pipeline.py` cuts stages), gives two models of the preset's own
+layers: the encoder, run once per request by `embed_multimodal` on the
+request's packed text, and the decoder, run every step on vLLM's batch of
+decoder tokens. Each decoder layer's two attention layers hand their heads
+to vLLM: self-attention to an `Attention` over the paged KV cache, and
+cross-attention to a `CrossAttention`, which keeps the encoder's keys and
+values in the cache from the step the encoder ran, so later steps project
+none. The learned positions take vLLM's per-token positions from keras-hub's
+serving context, as keras-hub's own routes do.
+"""
+
+from vllm_keras_hub.backend import require_torch_backend
+
+# Before anything below imports Keras: a clear error for another backend.
+require_torch_backend()
+
+import types
+
+import keras
+import torch
+from keras import ops
+from keras_hub.src.vllm.context import vllm_context_scope
+from torch import nn
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.attention import CrossAttention
+from vllm.model_executor.models.interfaces import SupportsMultiModal
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.v1.attention.backend import AttentionType
+
+from vllm_keras_hub.export.hf_config import LOAD_FORMAT
+from vllm_keras_hub.loading import heap
+from vllm_keras_hub.loading import preset_weights
+from vllm_keras_hub.loading.load_format import backbone_dtype
+from vllm_keras_hub.preset import served
+from vllm_keras_hub.tasks.seq_2_seq_lm import processor
+
+
+class _Kernel:
+    """A layer's vLLM attention, held as a plain callable: Keras would track
+    a module set on a built layer as new state, and refuse it."""
+
+    def __init__(self, attention):
+        self.attention = attention
+
+    def __call__(self, query, key, value):
+        return self.attention(query, key, value)
+
+
+def _heads(layer, hidden, dense):
+    """`dense(hidden)`'s heads, one row of `heads * head_size` per token."""
+    projected = dense(hidden)
+    return ops.reshape(projected, (-1, layer._num_heads * layer._key_dim))
+
+
+def _attend(layer, kernel, query, key, value):
+    output = kernel(
+        _heads(layer, query, layer._query_dense),
+        None if key is None else _heads(layer, key, layer._key_dense),
+        None if value is None else _heads(layer, value, layer._value_dense),
+    )
+    output = ops.reshape(output, (*ops.shape(query)[:-1], layer._num_heads, layer._key_dim))
+    return layer._output_dense(output)
+
+
+def _self_attention(self, query, value, key=None, attention_mask=None, cache=None,
+                    cache_update_index=None, return_attention_scores=False, training=None):  # fmt: skip
+    # vLLM's kernel masks causally over the paged cache: the mask the
+    # decoder layer made for its own dense path is not needed.
+    return _attend(self, self._vllm_attention, query, value, value)
+
+
+def _cross_attention(self, query, value, key=None, attention_mask=None, cache=None,
+                     cache_update_index=None, return_attention_scores=False, training=None):  # fmt: skip
+    # Only on the step a request's encoder ran are its keys and values
+    # projected; vLLM's cache holds them for every later step.
+    if ops.shape(value)[1] == 0:
+        return _attend(self, self._vllm_attention, query, None, None)
+    return _attend(self, self._vllm_attention, query, value, value)
+
+
+def decoder_attention_layers(backbone):
+    """Each decoder layer's self- and cross-attention layers."""
+    return [
+        (layer._self_attention_layer, layer._cross_attention_layer)
+        for layer in backbone.decoder_transformer_layers
+    ]
+
+
+def cut(backbone):
+    """The backbone's graph as its encoder and its decoder models."""
+    inputs = backbone.input
+    encoder_output = backbone.output["encoder_sequence_output"]
+    encoder = keras.Model(
+        {"encoder_token_ids": inputs["encoder_token_ids"],
+         "encoder_padding_mask": inputs["encoder_padding_mask"]},
+        encoder_output,
+        name="encoder",
+    )  # fmt: skip
+    decoder = keras.Model(
+        [inputs["decoder_token_ids"], inputs["decoder_padding_mask"],
+         encoder_output, inputs["encoder_padding_mask"]],
+        backbone.output["decoder_sequence_output"],
+        name="decoder",
+    )  # fmt: skip
+    return encoder, decoder
+
+
+@MULTIMODAL_REGISTRY.register_processor(
+    processor.Seq2SeqProcessor,
+    info=processor.Seq2SeqProcessingInfo,
+    dummy_inputs=processor.Seq2SeqDummyInputsBuilder,
+)
+class KerasHubForConditionalGeneration(nn.Module, SupportsMultiModal):
+    """A KerasHub `Seq2SeqLM` preset served by vLLM's encoder-decoder runner.
+
+    Args:
+        vllm_config: The engine's `VllmConfig`; `model_config.hf_config`
+            carries the preset's `keras_hub_seq2seq` fields.
+        prefix: Module prefix vLLM gives the model.
+    """
+
+    @classmethod
+    def get_placeholder_str(cls, modality, i):
+        return None
+
+    def __init__(self, *, vllm_config, prefix=""):
+        super().__init__()
+        load_format = vllm_config.load_config.load_format
+        if load_format != LOAD_FORMAT:
+            raise ValueError(
+                f"A KerasHub model loads its weights from its preset with "
+                f"load_format='{LOAD_FORMAT}', got load_format='{load_format}'."
+            )
+        self.vllm_config = vllm_config
+        self.config = vllm_config.model_config.hf_config
+        self.seq2seq = self.config.keras_hub_seq2seq
+        self.preset = served(self.config.keras_hub_preset)
+        self.backbone = None
+        heads, head_size = self.seq2seq["num_heads"], self.seq2seq["head_size"]
+        cache_config = vllm_config.cache_config
+        self.self_attention = nn.ModuleList()
+        self.cross_attention = nn.ModuleList()
+        for index in range(self.seq2seq["num_layers"]):
+            self.self_attention.append(
+                Attention(heads, head_size, head_size**-0.5, num_kv_heads=heads,
+                          cache_config=cache_config, prefix=f"{prefix}decoder.{index}.self_attention")
+            )  # fmt: skip
+            self.cross_attention.append(
+                CrossAttention(heads, head_size, head_size**-0.5, num_kv_heads=heads,
+                               cache_config=cache_config,
+                               prefix=f"{prefix}decoder.{index}.cross_attention",
+                               attn_type=AttentionType.ENCODER_DECODER)
+            )  # fmt: skip
+
+    def load_preset(self, lora_weights=None):
+        """Loads the backbone from the preset and routes its decoder's attention."""
+        if lora_weights is not None:
+            raise ValueError("An encoder-decoder preset takes no merged LoRA adapter.")
+        dtype = str(self.vllm_config.model_config.dtype).removeprefix("torch.")
+        backbone = preset_weights.unloaded_backbone(self.preset, backbone_dtype(self.preset, dtype))
+        weights = preset_weights.PresetWeights(backbone, self.preset)
+        try:
+            weights.finish()
+        finally:
+            weights.close()
+        heap.release_free_memory()
+        self.backbone = backbone
+        self.encoder, self.decoder = cut(backbone)
+        pairs = decoder_attention_layers(backbone)
+        for (own, cross), kernel, cross_kernel in zip(
+            pairs, self.self_attention, self.cross_attention, strict=True
+        ):
+            own._vllm_attention = _Kernel(kernel)
+            own.call = types.MethodType(_self_attention, own)
+            cross._vllm_attention = _Kernel(cross_kernel)
+            cross.call = types.MethodType(_cross_attention, cross)
+
+    def embed_multimodal(self, encoder_token_ids=None, **kwargs):
+        """Each request's encoder output, `(tokens, hidden)`: the preset's own
+        encoder on its packed text alone."""
+        outputs = []
+        for ids in encoder_token_ids:
+            ids = ops.reshape(ids, (1, -1))
+            hidden = self.encoder(
+                {"encoder_token_ids": ids, "encoder_padding_mask": ops.ones_like(ids)},
+                training=False,
+            )
+            outputs.append(hidden[0])
+        return outputs
+
+    def embed_input_ids(self, input_ids, multimodal_embeddings=None, *, is_multimodal=None):
+        return self.backbone.token_embedding(input_ids)
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None,
+                encoder_outputs=None, **kwargs):  # fmt: skip
+        hidden_dim = self.seq2seq["hidden_dim"]
+        if encoder_outputs:
+            encoder = torch.cat(list(encoder_outputs), dim=0)[None]
+        else:
+            encoder = torch.zeros((1, 0, hidden_dim), dtype=self.vllm_config.model_config.dtype)
+        # keras-hub's serving layout: one row per token, as its learned
+        # positions take vLLM's per-token positions.
+        token_ids = ops.reshape(input_ids, (-1, 1))
+        with vllm_context_scope(positions=positions):
+            hidden = self.decoder(
+                [token_ids, ops.ones_like(token_ids),
+                 encoder, ops.ones(ops.shape(encoder)[:2], dtype="int32")],
+                training=False,
+            )  # fmt: skip
+        return ops.reshape(hidden, (-1, hidden_dim))
+
+    def compute_logits(self, hidden_states):
+        return self.backbone.token_embedding(hidden_states, reverse=True)

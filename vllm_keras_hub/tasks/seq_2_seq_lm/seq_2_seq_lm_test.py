@@ -1,0 +1,122 @@
+"""KerasHub `Seq2SeqLM` presets served by vLLM's encoder-decoder runner.
+
+A tiny random-weight BART (`testing/seq2seq.py`), saved with its
+preprocessor as published presets are. The oracle is the preset's own
+greedy decoding: its preprocessor's `generate_preprocess` and its task's
+`generate_step` (`keras_hub_greedy`), since `generate()` itself needs
+TensorFlow to strip its output (a test below shows it).
+"""
+
+import pytest
+from vllm import SamplingParams
+
+from vllm_keras_hub import settings
+from vllm_keras_hub.entrypoints.llm import KerasHubLLM
+from vllm_keras_hub.testing.engines import TEST_ENGINE_KWARGS
+
+from vllm_keras_hub.testing.engines import in_process_llm
+from vllm_keras_hub.testing.seq2seq import build_tiny_bart
+from vllm_keras_hub.testing.seq2seq import keras_hub_greedy
+
+# 3 to 41 encoder tokens with the start and end tokens (measured).
+TEXTS = [
+    "hello",
+    "the quick brown fox jumps over the lazy dog",
+    "def main(): return 0 and more words here to make it longer than the rest",
+    "mars is red",
+]
+NEW_TOKENS = 20
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
+
+
+def explicit(text, decoder_text=""):
+    return {
+        "encoder_prompt": {"prompt": "", "multi_modal_data": {"text": text}},
+        "decoder_prompt": decoder_text,
+    }
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory):
+    return build_tiny_bart(str(tmp_path_factory.mktemp("bart")))
+
+
+@pytest.fixture(scope="module")
+def oracle(preset):
+    return keras_hub_greedy(preset, TEXTS, NEW_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def llm(preset):
+    with in_process_llm(f"keras_hub:{preset}", max_model_len=128) as llm:
+        yield llm
+
+
+def tokens(outputs):
+    return [(list(o.prompt_token_ids), list(o.outputs[0].token_ids)) for o in outputs]
+
+
+def test_the_oracle_sees_each_text(oracle):
+    prompts, outputs = oracle
+    assert all(prompt == [prompts[0][0], prompts[0][1]] for prompt in prompts)
+    assert len({tuple(output) for output in outputs}) == len(TEXTS)
+    assert all(len(set(output)) > 1 for output in outputs)
+
+
+def test_greedy_tokens_are_the_presets_own(llm, oracle):
+    served = tokens(llm.generate([explicit(text) for text in TEXTS], GREEDY))
+    assert served == list(zip(*oracle))
+
+
+def test_plain_prompts_are_encoder_texts(llm, oracle):
+    """`generate("text")` encodes the text, as `Seq2SeqLM.generate` does."""
+    assert tokens(llm.generate(TEXTS, GREEDY)) == list(zip(*oracle))
+
+
+def test_each_text_alone_equals_it_in_the_batch(llm, oracle):
+    for index in (0, 2):
+        alone = tokens(llm.generate([explicit(TEXTS[index])], GREEDY))
+        assert alone == [(oracle[0][index], oracle[1][index])]
+
+
+def test_a_decoder_prompt_continues_as_the_presets(llm, preset):
+    decoder_texts = ["the fox", "hello world"]
+    encoder_texts = TEXTS[1:3]
+    expected = keras_hub_greedy(preset, encoder_texts, NEW_TOKENS, decoder_texts)
+    served = llm.generate(
+        [explicit(t, d) for t, d in zip(encoder_texts, decoder_texts)], GREEDY
+    )
+    assert tokens(served) == list(zip(*expected))
+    assert all(len(prompt) > 3 for prompt in expected[0])
+
+
+def test_vllm_runs_it_as_an_encoder_decoder(llm):
+    config = llm.llm_engine.vllm_config
+    assert config.model_config.is_encoder_decoder
+    # vLLM turns these off for encoder-decoder models.
+    assert not config.scheduler_config.enable_chunked_prefill
+    assert not config.cache_config.enable_prefix_caching
+
+
+def test_bad_encoder_texts_are_refused_and_serving_goes_on(llm, oracle):
+    with pytest.raises(ValueError, match="over the 1024 this preset's encoder takes"):
+        llm.generate([explicit("word " * 1100)], GREEDY)
+    with pytest.raises(ValueError, match="encoder text is empty"):
+        llm.generate([explicit("")], GREEDY)
+    assert tokens(llm.generate([explicit(TEXTS[0])], GREEDY)) == [(oracle[0][0], oracle[1][0])]
+
+
+def test_generate_needs_tensorflow_so_the_oracle_stops_before_it(preset):
+    import keras_hub
+
+    seq2seq = keras_hub.models.Seq2SeqLM.from_preset(preset)
+    with pytest.raises(ImportError, match="strip_to_ragged requires `tensorflow`"):
+        seq2seq.generate(TEXTS[:1], max_length=8)
+
+
+@pytest.mark.parametrize(
+    "setting", [dict(tensor_parallel_size=2), dict(enable_lora=True), dict(enable_prompt_embeds=True)]
+)
+def test_settings_it_is_not_proven_with_are_refused_before_the_engine(preset, setting):
+    with pytest.raises(settings.UnsupportedPoolingSettingError, match="BartSeq2SeqLM presets"):
+        KerasHubLLM(f"keras_hub:{preset}", **{**TEST_ENGINE_KWARGS, **setting})
