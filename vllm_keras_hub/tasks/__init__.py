@@ -1,5 +1,8 @@
 """Every KerasHub task served by vLLM's pooling runner, one module or folder each.
 
+(`seq_2_seq_lm/`, the encoder-decoder LMs, generates and has no row here:
+its families name it, `Family.seq2seq`.)
+
 A task's module (`tasks/<name>.py`, or its folder `tasks/<name>/`) holds its
 `PoolingTask` row, found here when this table is imported: adding a task
 adds its own files and touches none of the shared ones. The row names the

@@ -10,6 +10,9 @@ tokens (the cross-attention's keys and values). The decoder prompt is
 vLLM's prompt, after the decoder start token vLLM puts first.
 """
 
+import torch
+from transformers.feature_extraction_utils import BatchFeature
+from vllm.multimodal.inputs import MultiModalFieldConfig
 from vllm.multimodal.parse import MultiModalDataParser
 from vllm.multimodal.parse import ProcessorBatchItems
 from vllm.multimodal.processing import BaseProcessingInfo
@@ -110,9 +113,6 @@ class Seq2SeqProcessor(EncDecMultiModalProcessor[Seq2SeqProcessingInfo]):
         return [self.info.encoder["start_token_id"]]
 
     def _call_hf_processor(self, hf_data, hf_kwargs):
-        import torch
-        from transformers.feature_extraction_utils import BatchFeature
-
         ids = [
             torch.tensor(self.info.encoder_ids(item), dtype=torch.int64)
             for item in hf_data.get(f"{MODALITY}s", ())
@@ -120,8 +120,6 @@ class Seq2SeqProcessor(EncDecMultiModalProcessor[Seq2SeqProcessingInfo]):
         return BatchFeature({"encoder_token_ids": ids})
 
     def _get_mm_fields_config(self, hf_inputs, hf_processor_mm_kwargs):
-        from vllm.multimodal.inputs import MultiModalFieldConfig
-
         return {"encoder_token_ids": MultiModalFieldConfig.batched(MODALITY)}
 
     def _get_prompt_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs):

@@ -120,3 +120,35 @@ def test_generate_needs_tensorflow_so_the_oracle_stops_before_it(preset):
 def test_settings_it_is_not_proven_with_are_refused_before_the_engine(preset, setting):
     with pytest.raises(settings.UnsupportedPoolingSettingError, match="BartSeq2SeqLM presets"):
         KerasHubLLM(f"keras_hub:{preset}", **{**TEST_ENGINE_KWARGS, **setting})
+
+
+def test_completions_through_the_server(preset, oracle):
+    """`vllm-keras-hub serve` as a user runs it, with the official `openai`
+    client: each completion's prompt is the encoder's text."""
+    import openai
+
+    from vllm_keras_hub.testing.server import free_port
+    from vllm_keras_hub.testing.server import running_server
+    from vllm_keras_hub.testing.server import serve_command
+
+    port = free_port()
+    command = serve_command(
+        preset, "--port", str(port), "--served-model-name", "tiny",
+        "--dtype", "float32", "--enforce-eager",
+    )  # fmt: skip
+    with running_server(command, port, model_name="tiny") as (base_url, _):
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+
+        def complete(text):
+            choice = client.completions.create(
+                model="tiny", prompt=text, max_tokens=NEW_TOKENS, temperature=0,
+                extra_body={"return_token_ids": True},
+            ).choices[0]  # fmt: skip
+            return list(choice.prompt_token_ids), list(choice.token_ids)
+
+        assert [complete(text) for text in TEXTS] == list(zip(*oracle))
+        # An encoder text over the encoder's positions: a 400 naming the
+        # limit, and the server keeps serving.
+        with pytest.raises(openai.BadRequestError, match="maximum context length is 1024 tokens"):
+            complete("word " * 1100)
+        assert complete(TEXTS[0]) == (oracle[0][0], oracle[1][0])

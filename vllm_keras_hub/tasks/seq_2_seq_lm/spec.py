@@ -3,6 +3,8 @@
 import json
 import os
 
+import keras_hub
+
 from vllm_keras_hub.export import sampling
 from vllm_keras_hub.export.backbone_fields import model_dims
 from vllm_keras_hub.tasks.seq_2_seq_lm import ARCHITECTURE
@@ -11,8 +13,6 @@ from vllm_keras_hub.tasks.seq_2_seq_lm import FIELD
 
 def seq2seq_lm_class(family):
     """The KerasHub `Seq2SeqLM` class of `family`."""
-    import keras_hub
-
     return getattr(keras_hub.models, family.seq2seq)
 
 
