@@ -86,3 +86,84 @@ def keras_hub_greedy(preset, texts, max_new_tokens, decoder_texts=None):
         prompts.append(prompt)
         outputs.append(generated)
     return prompts, outputs
+
+
+def save_hf_bart(folder, seed=0):
+    """A tiny random-weight transformers `BartForConditionalGeneration`
+    folder, on the tiny BPE vocabulary, drawn as wide as `build_tiny_bart`.
+
+    Returns:
+        The transformers model, in eval mode.
+    """
+    import json
+
+    import torch
+    import transformers
+
+    # `<mask>` too, as BART's vocabulary has it: transformers' tokenizer adds it.
+    vocabulary, merges = tiny_bpe_vocabulary_and_merges(
+        special_tokens=("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+    )
+    start, pad, end = (vocabulary[token] for token in ("<s>", "<pad>", "</s>"))
+    config = transformers.BartConfig(
+        vocab_size=len(vocabulary),
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_position_embeddings=MAX_SEQUENCE_LENGTH,
+        activation_function="gelu",
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        init_std=0.15,
+        bos_token_id=start,
+        pad_token_id=pad,
+        eos_token_id=end,
+        decoder_start_token_id=end,
+        forced_bos_token_id=None,
+        forced_eos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = transformers.BartForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for positions in (model.model.encoder.embed_positions, model.model.decoder.embed_positions):
+            positions.weight.normal_(0, 1.0)
+    os.makedirs(folder, exist_ok=True)
+    model.save_pretrained(folder)
+    # Published BART checkpoints' config.json names `num_hidden_layers`,
+    # which keras-hub's converter reads; transformers 5 no longer writes it.
+    config_file = os.path.join(folder, "config.json")
+    with open(config_file) as f:
+        fields = json.load(f)
+    with open(config_file, "w") as f:
+        json.dump({**fields, "num_hidden_layers": config.encoder_layers}, f, indent=2)
+    vocab_file, merges_file = os.path.join(folder, "vocab.json"), os.path.join(folder, "merges.txt")
+    with open(vocab_file, "w") as f:
+        json.dump(vocabulary, f)
+    with open(merges_file, "w") as f:
+        f.write("#version: 0.2\n" + "\n".join(merges) + "\n")
+    transformers.BartTokenizer(vocab_file, merges_file).save_pretrained(folder)
+    return model
+
+
+def transformers_greedy(model, encoder_ids, decoder_prompt, max_new_tokens):
+    """transformers' own greedy tokens after `decoder_prompt`, for each
+    packed encoder text, stopping at the end token."""
+    import torch
+
+    outputs = []
+    for ids in encoder_ids:
+        with torch.no_grad():
+            tokens = model.generate(
+                input_ids=torch.tensor([ids]),
+                decoder_input_ids=torch.tensor([decoder_prompt]),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                num_beams=1,
+            )[0].tolist()
+        outputs.append(tokens[len(decoder_prompt) :])
+    return outputs

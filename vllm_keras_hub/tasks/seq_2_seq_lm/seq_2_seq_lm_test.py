@@ -152,3 +152,25 @@ def test_completions_through_the_server(preset, oracle):
         with pytest.raises(openai.BadRequestError, match="maximum context length is 1024 tokens"):
             complete("word " * 1100)
         assert complete(TEXTS[0]) == (oracle[0][0], oracle[1][0])
+
+
+def test_a_transformers_checkpoint_serves_as_transformers_generates(tmp_path):
+    """A transformers BART folder, loaded by keras-hub's converter (which
+    drops the first two rows of BART's offset position tables), gives
+    transformers' own greedy tokens: vLLM 0.32 has no BART of its own."""
+    import transformers
+
+    from vllm_keras_hub.testing.seq2seq import save_hf_bart
+    from vllm_keras_hub.testing.seq2seq import transformers_greedy
+
+    folder = str(tmp_path / "hf_bart")
+    model = save_hf_bart(folder)
+    tokenizer = transformers.BartTokenizer.from_pretrained(folder)
+    decoder_prompt = [model.config.decoder_start_token_id, model.config.bos_token_id]
+    expected = transformers_greedy(
+        model, [tokenizer(text)["input_ids"] for text in TEXTS], decoder_prompt, NEW_TOKENS
+    )
+    assert len({tuple(output) for output in expected}) == len(TEXTS)
+    with in_process_llm(f"keras_hub:{folder}", max_model_len=128) as llm:
+        served = tokens(llm.generate(TEXTS, GREEDY))
+    assert served == [(decoder_prompt, output) for output in expected]
