@@ -22,6 +22,7 @@ import importlib.util
 from vllm_keras_hub import keras_on_torch  # noqa: F401
 from vllm_keras_hub.families import bart
 from vllm_keras_hub.families import bert
+from vllm_keras_hub.families import blip2
 from vllm_keras_hub.families import bloom
 from vllm_keras_hub.families import distil_bert
 from vllm_keras_hub.families import falcon
@@ -36,6 +37,7 @@ from vllm_keras_hub.families import llama
 from vllm_keras_hub.families import llama3
 from vllm_keras_hub.families import mistral
 from vllm_keras_hub.families import mixtral
+from vllm_keras_hub.families import moonshine
 from vllm_keras_hub.families import opt
 from vllm_keras_hub.families import pali_gemma
 from vllm_keras_hub.families import phi3
@@ -48,6 +50,9 @@ from vllm_keras_hub.families import qwen_moe
 from vllm_keras_hub.families import roberta
 from vllm_keras_hub.families import rwkv7
 from vllm_keras_hub.families import smollm3
+from vllm_keras_hub.families import t5
+from vllm_keras_hub.families import t5gemma
+from vllm_keras_hub.families import t5gemma2
 from vllm_keras_hub.families import xlm_roberta
 from vllm_keras_hub.families.family import KERAS_HUB
 from vllm_keras_hub.families.family import OURS
@@ -62,7 +67,7 @@ FAMILIES = tuple(
         gpt2, opt, llama, llama3, mistral, qwen, qwen3, gemma, gemma3, mixtral,
         qwen_moe, qwen3_moe, smollm3, phi3, gpt_neox, bloom, falcon, gpt_oss,
         gemma3n, gemma4, qwen3_5, qwen3_5_moe, pali_gemma, bert, xlm_roberta,
-        roberta, distil_bert, bart, rwkv7,
+        roberta, distil_bert, bart, rwkv7, t5, t5gemma, t5gemma2, blip2, moonshine,
     )
 )  # fmt: skip
 

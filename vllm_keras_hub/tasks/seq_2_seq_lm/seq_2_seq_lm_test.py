@@ -174,3 +174,19 @@ def test_a_transformers_checkpoint_serves_as_transformers_generates(tmp_path):
     with in_process_llm(f"keras_hub:{folder}", max_model_len=128) as llm:
         served = tokens(llm.generate(TEXTS, GREEDY))
     assert served == [(decoder_prompt, output) for output in expected]
+
+
+def test_t5_is_refused_with_its_reason(tmp_path):
+    """T5's relative position bias has no vLLM kernel input: a T5 preset is
+    refused before anything is built, naming it."""
+    import keras_hub
+
+    from vllm_keras_hub import families
+    from vllm_keras_hub.export import model_folder
+
+    backbone = keras_hub.models.T5Backbone(
+        vocabulary_size=64, num_layers=1, num_heads=2, hidden_dim=32, intermediate_dim=64
+    )
+    backbone.save_to_preset(str(tmp_path))
+    with pytest.raises(families.UnsupportedFamilyError, match="relative position bias"):
+        model_folder.ModelFolder(str(tmp_path))
