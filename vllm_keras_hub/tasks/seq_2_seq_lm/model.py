@@ -30,10 +30,13 @@ from vllm.model_executor.models.interfaces import SupportsMultiModal
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.v1.attention.backend import AttentionType
 
+from vllm_keras_hub.compile.direct_calls import use_direct_calls
+from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
 from vllm_keras_hub.export.hf_config import LOAD_FORMAT
 from vllm_keras_hub.loading import heap
 from vllm_keras_hub.loading import preset_weights
 from vllm_keras_hub.loading.load_format import backbone_dtype
+from vllm_keras_hub.models.base import compiled
 from vllm_keras_hub.preset import served
 from vllm_keras_hub.tasks.seq_2_seq_lm import processor
 
@@ -108,6 +111,7 @@ def cut(backbone):
     return encoder, decoder
 
 
+@compiled
 @MULTIMODAL_REGISTRY.register_processor(
     processor.Seq2SeqProcessor,
     info=processor.Seq2SeqProcessingInfo,
@@ -177,6 +181,11 @@ class KerasHubForConditionalGeneration(nn.Module, SupportsMultiModal):
             own.call = types.MethodType(_self_attention, own)
             cross._vllm_attention = _Kernel(cross_kernel)
             cross.call = types.MethodType(_cross_attention, cross)
+        # After the cut, which calls the layers symbolically: vLLM compiles
+        # the decoder's steps without Keras's per-call machinery.
+        use_direct_calls(self.encoder)
+        use_direct_calls(self.decoder)
+        substitute_keras_helpers()
 
     def embed_multimodal(self, encoder_token_ids=None, **kwargs):
         """Each request's encoder output, `(tokens, hidden)`: the preset's own

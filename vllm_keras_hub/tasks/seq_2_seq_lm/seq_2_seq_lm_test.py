@@ -1,7 +1,8 @@
 """KerasHub `Seq2SeqLM` presets served by vLLM's encoder-decoder runner.
 
 A tiny random-weight BART (`testing/seq2seq.py`), saved with its
-preprocessor as published presets are. The oracle is the preset's own
+preprocessor as published presets are, served compiled; a transformers
+checkpoint of the same shape eagerly. The oracle is the preset's own
 greedy decoding: its preprocessor's `generate_preprocess` and its task's
 `generate_step` (`keras_hub_greedy`), since `generate()` itself needs
 TensorFlow to strip its output (a test below shows it).
@@ -10,6 +11,7 @@ TensorFlow to strip its output (a test below shows it).
 import pytest
 from vllm import SamplingParams
 
+from tests.model_test import compilations
 from vllm_keras_hub import settings
 from vllm_keras_hub.entrypoints.llm import KerasHubLLM
 from vllm_keras_hub.testing.engines import TEST_ENGINE_KWARGS
@@ -47,9 +49,17 @@ def oracle(preset):
 
 
 @pytest.fixture(scope="module")
-def llm(preset):
-    with in_process_llm(f"keras_hub:{preset}", max_model_len=128) as llm:
-        yield llm
+def compiled_llm(preset):
+    """Compiled: vLLM runs a step with encoder inputs eagerly, and the
+    decoder's other steps compiled."""
+    before = compilations()
+    with in_process_llm(f"keras_hub:{preset}", max_model_len=128, enforce_eager=False) as llm:
+        yield llm, compilations() - before
+
+
+@pytest.fixture(scope="module")
+def llm(compiled_llm):
+    return compiled_llm[0]
 
 
 def tokens(outputs):
@@ -90,8 +100,10 @@ def test_a_decoder_prompt_continues_as_the_presets(llm, preset):
     assert all(len(prompt) > 3 for prompt in expected[0])
 
 
-def test_vllm_runs_it_as_an_encoder_decoder(llm):
+def test_vllm_runs_it_as_an_encoder_decoder(compiled_llm):
+    llm, compiled = compiled_llm
     config = llm.llm_engine.vllm_config
+    assert not config.model_config.enforce_eager and compiled > 0
     assert config.model_config.is_encoder_decoder
     # vLLM turns these off for encoder-decoder models.
     assert not config.scheduler_config.enable_chunked_prefill
