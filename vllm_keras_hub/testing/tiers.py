@@ -74,6 +74,7 @@ SLICES = {
         "vllm_keras_hub/models/prompt_embeds_test.py::test_prompt_embeds_through_the_server",
         "vllm_keras_hub/tasks/text_classifier/cross_encoder_test.py::test_score_and_rerank_through_the_server",
         "vllm_keras_hub/tasks/text_classifier/text_classifier_test.py::test_served_classes_equal_vllm_natives[roberta]",
+        "vllm_keras_hub/tasks/seq_2_seq_lm/seq_2_seq_lm_test.py::test_an_exported_folder_serves_with_plain_vllm",
         *(f"{_TP}[{f}]" for f in ("gpt2", "smollm3", "gemma3n", "gpt_oss", "phi3_su", "gemma3",
                                   "qwen", "opt", "gpt_neox", "qwen3_5", "qwen3_5_moe", "llama",
                                   "bloom", "gemma2", "gemma4_moe", "qwen3_moe", "llama3")),

@@ -202,3 +202,42 @@ def test_t5_is_refused_with_its_reason(tmp_path):
     backbone.save_to_preset(str(tmp_path))
     with pytest.raises(families.UnsupportedFamilyError, match="relative position bias"):
         model_folder.ModelFolder(str(tmp_path))
+
+
+def test_an_exported_folder_serves_with_plain_vllm(preset, oracle, tmp_path):
+    """`vllm-keras-hub export`, then the plain vLLM server command it prints
+    (our plugin registers the model class, processor and renderer)."""
+    import shlex
+    import subprocess
+    import sys
+
+    import openai
+
+    from vllm_keras_hub.testing.server import console_script
+    from vllm_keras_hub.testing.server import free_port
+    from vllm_keras_hub.testing.server import running_server
+    from vllm_keras_hub.testing.user_env import user_env
+
+    folder = str(tmp_path / "folder")
+    exported = subprocess.run(
+        [console_script(), "export", f"keras_hub:{preset}", folder],
+        capture_output=True, text=True, env=user_env(), timeout=300,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    (printed,) = [line for line in exported.stdout.splitlines() if "api_server" in line]
+    assert "--tokenizer-mode keras_hub_seq2seq" in printed
+    port = free_port()
+    command = [
+        sys.executable, *shlex.split(printed)[1:],
+        "--port", str(port), "--enforce-eager", "--dtype", "float32",
+    ]  # fmt: skip
+    with running_server(command, port, model_name=folder) as (base_url, _):
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+        served = [
+            client.completions.create(
+                model=folder, prompt=text, max_tokens=NEW_TOKENS, temperature=0,
+                extra_body={"return_token_ids": True},
+            ).choices[0]
+            for text in TEXTS
+        ]  # fmt: skip
+    assert [(list(c.prompt_token_ids), list(c.token_ids)) for c in served] == list(zip(*oracle))
