@@ -88,9 +88,14 @@ def keras_hub_greedy(preset, texts, max_new_tokens, decoder_texts=None):
     return prompts, outputs
 
 
-def save_hf_bart(folder, seed=0):
+def save_hf_bart(folder, seed=0, **shape):
     """A tiny random-weight transformers `BartForConditionalGeneration`
     folder, on the tiny BPE vocabulary, drawn as wide as `build_tiny_bart`.
+
+    Args:
+        folder: Where to save it.
+        seed: Weight initialisation seed.
+        **shape: `BartConfig` fields over the tiny ones (`d_model`, ...).
 
     Returns:
         The transformers model, in eval mode.
@@ -105,8 +110,7 @@ def save_hf_bart(folder, seed=0):
         special_tokens=("<s>", "<pad>", "</s>", "<unk>", "<mask>")
     )
     start, pad, end = (vocabulary[token] for token in ("<s>", "<pad>", "</s>"))
-    config = transformers.BartConfig(
-        vocab_size=len(vocabulary),
+    tiny = dict(
         d_model=64,
         encoder_layers=2,
         decoder_layers=2,
@@ -114,6 +118,9 @@ def save_hf_bart(folder, seed=0):
         decoder_attention_heads=2,
         encoder_ffn_dim=128,
         decoder_ffn_dim=128,
+    )
+    config = transformers.BartConfig(
+        vocab_size=len(vocabulary),
         max_position_embeddings=MAX_SEQUENCE_LENGTH,
         activation_function="gelu",
         dropout=0.0,
@@ -126,6 +133,7 @@ def save_hf_bart(folder, seed=0):
         decoder_start_token_id=end,
         forced_bos_token_id=None,
         forced_eos_token_id=None,
+        **{**tiny, **shape},
     )
     torch.manual_seed(seed)
     model = transformers.BartForConditionalGeneration(config).eval()

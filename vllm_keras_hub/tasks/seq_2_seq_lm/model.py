@@ -10,6 +10,9 @@ cross-attention to a `CrossAttention`, which keeps the encoder's keys and
 values in the cache from the step the encoder ran, so later steps project
 none. The learned positions take vLLM's per-token positions from keras-hub's
 serving context, as keras-hub's own routes do.
+
+The encoder's own self-attention runs as Keras computes it, once per
+request over its whole text: vLLM keeps no cache for it.
 """
 
 from vllm_keras_hub.backend import require_torch_backend
@@ -209,7 +212,11 @@ class KerasHubForConditionalGeneration(nn.Module, SupportsMultiModal):
         if encoder_outputs:
             encoder = torch.cat(list(encoder_outputs), dim=0)[None]
         else:
-            encoder = torch.zeros((1, 0, hidden_dim), dtype=self.vllm_config.model_config.dtype)
+            # No request's encoder ran this step: no keys or values to add.
+            encoder = torch.zeros(
+                (1, 0, hidden_dim), dtype=self.vllm_config.model_config.dtype,
+                device=input_ids.device,
+            )  # fmt: skip
         # keras-hub's serving layout: one row per token, as its learned
         # positions take vLLM's per-token positions.
         token_ids = ops.reshape(input_ids, (-1, 1))

@@ -89,6 +89,42 @@ def test_each_text_alone_equals_it_in_the_batch(llm, oracle):
         assert alone == [(oracle[0][index], oracle[1][index])]
 
 
+def test_a_request_joins_while_another_decodes(llm, oracle):
+    """A step with one request's encoder input and another's decode: the
+    cross-attention writes the new request's keys and values and reads the
+    other's from the cache."""
+    engine = llm.llm_engine
+    done, progress = {}, {}
+    # Numbers, as `LLM.generate` numbers its own requests and sorts by them.
+    first, second = "9001", "9002"
+
+    def step():
+        for output in engine.step():
+            progress[output.request_id] = len(output.outputs[0].token_ids)
+            if output.finished:
+                done[output.request_id] = (
+                    list(output.prompt_token_ids), list(output.outputs[0].token_ids)
+                )
+
+    # A fresh one: `LLM.generate` sets its params to report finished
+    # requests only, and each step's progress is read here.
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
+    engine.add_request(first, explicit(TEXTS[1]), params)
+    try:
+        while progress.get(first, 0) < 5:
+            step()
+        assert progress[first] < NEW_TOKENS
+        engine.add_request(second, explicit(TEXTS[2]), params)
+        while engine.has_unfinished_requests():
+            step()
+    finally:
+        engine.abort_request([first, second])
+    assert done == {
+        first: (oracle[0][1], oracle[1][1]),
+        second: (oracle[0][2], oracle[1][2]),
+    }
+
+
 def test_a_decoder_prompt_continues_as_the_presets(llm, preset):
     decoder_texts = ["the fox", "hello world"]
     encoder_texts = TEXTS[1:3]
@@ -108,6 +144,18 @@ def test_vllm_runs_it_as_an_encoder_decoder(compiled_llm):
     # vLLM turns these off for encoder-decoder models.
     assert not config.scheduler_config.enable_chunked_prefill
     assert not config.cache_config.enable_prefix_caching
+
+
+def test_the_default_sampling_is_the_presets_own_sampler(llm):
+    """Without `SamplingParams`, as `compile()`'s default sampler (top-k)."""
+    import keras_hub
+
+    from vllm_keras_hub.export import sampling
+
+    own = sampling.sampling_kwargs(sampling.default_sampler(keras_hub.models.BartSeq2SeqLM))
+    assert own["top_k"] > 1 and own["temperature"] > 0
+    default = llm.get_default_sampling_params()
+    assert (default.top_k, default.temperature) == (own["top_k"], own["temperature"])
 
 
 def test_bad_encoder_texts_are_refused_and_serving_goes_on(llm, oracle):
