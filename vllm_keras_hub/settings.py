@@ -253,6 +253,7 @@ def settle(folder, values, given):
         updates["kv_cache_memory_bytes"] = kv_cache_bytes
     if folder.pooling:
         check_pooling_settings(folder.pooling["task"], {**values, **updates})
+        return updates
     if folder.family.seq2seq:
         check_pooling_settings(folder.family.seq2seq, {**values, **updates})
         return updates
