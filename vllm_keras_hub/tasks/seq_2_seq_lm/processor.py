@@ -36,6 +36,8 @@ class EncoderTextParser(MultiModalDataParser):
     def _parse_text(self, data):
         if isinstance(data, str) or _is_ids(data):
             data = [data]
+        if isinstance(data, list) and not data:
+            raise ValueError("The encoder text is empty.")
         if not isinstance(data, list) or not all(isinstance(x, str) or _is_ids(x) for x in data):
             raise ValueError(
                 "An encoder-decoder preset's encoder input is a text, or a list "

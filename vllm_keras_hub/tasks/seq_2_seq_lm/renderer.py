@@ -30,6 +30,9 @@ class Seq2SeqRenderer(HfRenderer):
         start = getattr(self.model_config.hf_config, FIELD)["start_token_id"]
         if ids[:1] == [start]:
             ids = ids[1:]
+        if not ids:
+            # It would reach the decoder with no encoder input at all.
+            raise ValueError("The encoder text is empty.")
         encoder = {"prompt_token_ids": [], "multi_modal_data": {MODALITY: ids}}
         return {**prompt, "encoder_prompt": encoder}
 
