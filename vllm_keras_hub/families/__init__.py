@@ -91,6 +91,8 @@ def _check(family):
         problems.append("its route is ours, but it names no attention route")
     if family.seq2seq and family.attention:
         problems.append("an encoder-decoder's attention is routed by its task's model")
+    if bool(family.seq2seq) != (family.decoder_attention is not None):
+        problems.append("encoder-decoder families, and only they, name their decoder attention")
     if family.route != OURS and family.attention:
         problems.append("it names attention routes its route does not use")
     if family.route is None and not family.unsupported_reason:

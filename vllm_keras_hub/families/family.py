@@ -39,6 +39,9 @@ class Family:
         seq2seq: The KerasHub `Seq2SeqLM` class of an encoder-decoder
             family, served by vLLM's encoder-decoder runner
             (`tasks/seq_2_seq_lm/`), or `""`.
+        decoder_attention: `decoder_attention(backbone)`, each decoder
+            layer's `(self-attention, cross-attention)` layers, for an
+            encoder-decoder family.
         embedder: The KerasHub `TextEmbedder` class its embedding presets
             are, served on `/v1/embeddings` (`export/embedder.py`), or `""`.
         attention: Attention-layer class name -> its
@@ -82,6 +85,7 @@ class Family:
     hybrid: bool = False
     embedder_only: bool = False
     seq2seq: str = ""
+    decoder_attention: object = None
     embedder: str = ""
     attention: dict = dataclasses.field(default_factory=dict, hash=False)
     moe: dict = dataclasses.field(default_factory=dict, hash=False)

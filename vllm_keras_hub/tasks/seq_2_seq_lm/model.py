@@ -33,6 +33,7 @@ from vllm.model_executor.models.interfaces import SupportsMultiModal
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.v1.attention.backend import AttentionType
 
+from vllm_keras_hub import families
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
 from vllm_keras_hub.compile.dynamo_substitutes import substitute_keras_helpers
 from vllm_keras_hub.export.hf_config import LOAD_FORMAT
@@ -87,14 +88,6 @@ def _cross_attention(self, query, value, key=None, attention_mask=None, cache=No
     return _attend(self, self._vllm_attention, query, value, value)
 
 
-def decoder_attention_layers(backbone):
-    """Each decoder layer's self- and cross-attention layers."""
-    return [
-        (layer._self_attention_layer, layer._cross_attention_layer)
-        for layer in backbone.decoder_transformer_layers
-    ]
-
-
 def cut(backbone):
     """The backbone's graph as its encoder and its decoder models."""
     inputs = backbone.input
@@ -144,6 +137,7 @@ class KerasHubForConditionalGeneration(nn.Module, SupportsMultiModal):
         self.vllm_config = vllm_config
         self.config = vllm_config.model_config.hf_config
         self.seq2seq = self.config.keras_hub_seq2seq
+        self.family = families.family_by_name(self.config.keras_hub_family)
         self.preset = served(self.config.keras_hub_preset)
         self.backbone = None
         heads, head_size = self.seq2seq["num_heads"], self.seq2seq["head_size"]
@@ -176,7 +170,7 @@ class KerasHubForConditionalGeneration(nn.Module, SupportsMultiModal):
         heap.release_free_memory()
         self.backbone = backbone
         self.encoder, self.decoder = cut(backbone)
-        pairs = decoder_attention_layers(backbone)
+        pairs = self.family.decoder_attention(backbone)
         for (own, cross), kernel, cross_kernel in zip(
             pairs, self.self_attention, self.cross_attention, strict=True
         ):
