@@ -178,7 +178,15 @@ def test_generate_needs_tensorflow_so_the_oracle_stops_before_it(preset):
 
 
 @pytest.mark.parametrize(
-    "setting", [dict(tensor_parallel_size=2), dict(enable_lora=True), dict(enable_prompt_embeds=True)]
+    "setting",
+    [
+        dict(tensor_parallel_size=2),
+        dict(pipeline_parallel_size=2),
+        dict(enable_lora=True),
+        dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                 "prompt_lookup_max": 2}),
+        dict(enable_prompt_embeds=True),
+    ],
 )
 def test_settings_it_is_not_proven_with_are_refused_before_the_engine(preset, setting):
     with pytest.raises(settings.UnsupportedPoolingSettingError, match="BartSeq2SeqLM presets"):
