@@ -256,6 +256,9 @@ def _write_seq2seq_folder(preset, directory, family, backbone_config, tokenizer,
     ).save_pretrained(directory)
     seq2seq_spec.write_generation_config(family, tokenizer, directory)
     # Decoder prompts start with the start token, after vLLM's decoder start.
+    # KerasHub's own tokenizer, exported, even for a checkpoint that has its
+    # own `tokenizer.json`: BART's wraps every text in `<s> ... </s>`, which
+    # would end each decoder prompt with `</s>`.
     mode = _write_tokenizer(preset, tokenizer, directory, add_start_token=True)
     if mode != "auto":
         raise PresetError(
