@@ -32,6 +32,7 @@ from vllm.model_executor.layers.attention import CrossAttention
 from vllm.model_executor.models.interfaces import SupportsMultiModal
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.v1.attention.backend import AttentionType
+from vllm.v1.attention.selector import get_attn_backend
 
 from vllm_keras_hub import families
 from vllm_keras_hub.compile.direct_calls import use_direct_calls
@@ -42,7 +43,32 @@ from vllm_keras_hub.loading import preset_weights
 from vllm_keras_hub.loading.load_format import backbone_dtype
 from vllm_keras_hub.models.base import compiled
 from vllm_keras_hub.preset import served
+from vllm_keras_hub.tasks.seq_2_seq_lm import FIELD
 from vllm_keras_hub.tasks.seq_2_seq_lm import processor
+
+
+def kernel_head_size(head_size, vllm_config):
+    """The head size vLLM's attention kernel runs `head_size` heads at.
+
+    `head_size` where the platform's kernel runs it; else the next size it
+    runs, the heads zero-padded to it (`attend`), which is exact: zeros add
+    nothing to a query's product with a key, and the padded values' outputs
+    are cut off. (Moonshine's published heads are 36 and 52 wide; vLLM's CPU
+    kernel runs 32, 64, 80, ...)
+    """
+    backend = get_attn_backend(
+        head_size, vllm_config.model_config.dtype, vllm_config.cache_config.cache_dtype
+    )
+    sizes = backend.get_supported_head_sizes()
+    if not sizes or head_size in sizes:
+        return head_size
+    larger = [size for size in sizes if size > head_size]
+    if not larger:
+        raise ValueError(
+            f"Attention heads of size {head_size} are over every size this "
+            f"platform's attention kernel ({backend.get_name()}) runs: {sizes}."
+        )
+    return min(larger)
 
 
 class _Kernel:
@@ -51,24 +77,36 @@ class _Kernel:
 
     def __init__(self, attention):
         self.attention = attention
+        self.head_size = attention.head_size
 
     def __call__(self, query, key, value):
         return self.attention(query, key, value)
 
 
-def _heads(layer, hidden, dense):
-    """`dense(hidden)`'s heads, one row of `heads * head_size` per token."""
-    projected = dense(hidden)
-    return ops.reshape(projected, (-1, layer._num_heads * layer._key_dim))
+def _rows(heads, size):
+    """Projected heads `(..., heads, head_size)` as one row of `heads * size`
+    a token, zero-padded to `size`."""
+    pad = size - ops.shape(heads)[-1]
+    if pad:
+        heads = ops.pad(heads, [(0, 0)] * (len(ops.shape(heads)) - 1) + [(0, pad)])
+    return ops.reshape(heads, (-1, ops.shape(heads)[-2] * size))
 
 
-def _attend(layer, kernel, query, key, value):
-    output = kernel(
-        _heads(layer, query, layer._query_dense),
-        None if key is None else _heads(layer, key, layer._key_dense),
-        None if value is None else _heads(layer, value, layer._value_dense),
-    )
-    output = ops.reshape(output, (*ops.shape(query)[:-1], layer._num_heads, layer._key_dim))
+def attend(layer, kernel, query, key, value):
+    """`layer`'s attention on its vLLM kernel, through its output projection.
+
+    Args:
+        layer: The Keras attention layer whose `call` this serves.
+        kernel: Its `_Kernel`.
+        query, key, value: Projected heads, `(..., heads, head_size)`; no
+            key and value on a cross-attention step whose encoder did not run.
+    """
+    shape = ops.shape(query)
+    size = kernel.head_size
+    output = kernel(*(None if x is None else _rows(x, size) for x in (query, key, value)))
+    output = ops.reshape(output, (*shape[:-1], size))
+    if size != shape[-1]:
+        output = output[..., : shape[-1]]
     return layer._output_dense(output)
 
 
@@ -76,51 +114,44 @@ def _self_attention(self, query, value, key=None, attention_mask=None, cache=Non
                     cache_update_index=None, return_attention_scores=False, training=None):  # fmt: skip
     # vLLM's kernel masks causally over the paged cache: the mask the
     # decoder layer made for its own dense path is not needed.
-    return _attend(self, self._vllm_attention, query, value, value)
+    return attend(
+        self, self._vllm_attention,
+        self._query_dense(query), self._key_dense(value), self._value_dense(value),
+    )  # fmt: skip
 
 
 def _cross_attention(self, query, value, key=None, attention_mask=None, cache=None,
                      cache_update_index=None, return_attention_scores=False, training=None):  # fmt: skip
-    # Only on the step a request's encoder ran are its keys and values
-    # projected; vLLM's cache holds them for every later step.
+    return cross_attend(self, query, value, value)
+
+
+def cross_attend(layer, query, key, value):
+    """Cross-attention on `layer`'s vLLM kernel. Only on the step a request's
+    encoder ran are its keys and values projected; vLLM's cache holds them
+    for every later step."""
+    query = layer._query_dense(query)
     if ops.shape(value)[1] == 0:
-        return _attend(self, self._vllm_attention, query, None, None)
-    return _attend(self, self._vllm_attention, query, value, value)
+        return attend(layer, layer._vllm_attention, query, None, None)
+    return attend(
+        layer, layer._vllm_attention, query, layer._key_dense(key), layer._value_dense(value)
+    )
 
 
-def cut(backbone):
-    """The backbone's graph as its encoder and its decoder models."""
-    inputs = backbone.input
-    encoder_output = backbone.output["encoder_sequence_output"]
-    encoder = keras.Model(
-        {"encoder_token_ids": inputs["encoder_token_ids"],
-         "encoder_padding_mask": inputs["encoder_padding_mask"]},
-        encoder_output,
-        name="encoder",
-    )  # fmt: skip
-    decoder = keras.Model(
-        [inputs["decoder_token_ids"], inputs["decoder_padding_mask"],
-         encoder_output, inputs["encoder_padding_mask"]],
-        backbone.output["decoder_sequence_output"],
-        name="decoder",
-    )  # fmt: skip
-    return encoder, decoder
-
-
-@compiled
-@MULTIMODAL_REGISTRY.register_processor(
-    processor.Seq2SeqProcessor,
-    info=processor.Seq2SeqProcessingInfo,
-    dummy_inputs=processor.Seq2SeqDummyInputsBuilder,
-)
-class KerasHubForConditionalGeneration(nn.Module, SupportsMultiModal):
-    """A KerasHub `Seq2SeqLM` preset served by vLLM's encoder-decoder runner.
+class EncoderDecoderModel(nn.Module, SupportsMultiModal):
+    """A KerasHub encoder-decoder preset served by vLLM's encoder-decoder
+    runner: what its tasks' model classes share.
 
     Args:
         vllm_config: The engine's `VllmConfig`; `model_config.hf_config`
-            carries the preset's `keras_hub_seq2seq` fields.
+            carries the task's fields under `field`.
         prefix: Module prefix vLLM gives the model.
     """
+
+    # The `config.json` key of the task's fields, and each decoder layer's
+    # attention calls.
+    field = FIELD
+    self_attention_call = staticmethod(_self_attention)
+    cross_attention_call = staticmethod(_cross_attention)
 
     @classmethod
     def get_placeholder_str(cls, modality, i):
@@ -136,21 +167,22 @@ class KerasHubForConditionalGeneration(nn.Module, SupportsMultiModal):
             )
         self.vllm_config = vllm_config
         self.config = vllm_config.model_config.hf_config
-        self.seq2seq = self.config.keras_hub_seq2seq
+        self.seq2seq = getattr(self.config, self.field)
         self.family = families.family_by_name(self.config.keras_hub_family)
         self.preset = served(self.config.keras_hub_preset)
         self.backbone = None
         heads, head_size = self.seq2seq["num_heads"], self.seq2seq["head_size"]
+        size, scale = kernel_head_size(head_size, vllm_config), head_size**-0.5
         cache_config = vllm_config.cache_config
         self.self_attention = nn.ModuleList()
         self.cross_attention = nn.ModuleList()
         for index in range(self.seq2seq["num_layers"]):
             self.self_attention.append(
-                Attention(heads, head_size, head_size**-0.5, num_kv_heads=heads,
+                Attention(heads, size, scale, num_kv_heads=heads,
                           cache_config=cache_config, prefix=f"{prefix}decoder.{index}.self_attention")
             )  # fmt: skip
             self.cross_attention.append(
-                CrossAttention(heads, head_size, head_size**-0.5, num_kv_heads=heads,
+                CrossAttention(heads, size, scale, num_kv_heads=heads,
                                cache_config=cache_config,
                                prefix=f"{prefix}decoder.{index}.cross_attention",
                                attn_type=AttentionType.ENCODER_DECODER)
@@ -169,20 +201,42 @@ class KerasHubForConditionalGeneration(nn.Module, SupportsMultiModal):
             weights.close()
         heap.release_free_memory()
         self.backbone = backbone
-        self.encoder, self.decoder = cut(backbone)
-        pairs = self.family.decoder_attention(backbone)
-        for (own, cross), kernel, cross_kernel in zip(
-            pairs, self.self_attention, self.cross_attention, strict=True
-        ):
-            own._vllm_attention = _Kernel(kernel)
-            own.call = types.MethodType(_self_attention, own)
-            cross._vllm_attention = _Kernel(cross_kernel)
-            cross.call = types.MethodType(_cross_attention, cross)
+        self.encoder, self.decoder = self.cut(backbone)
+        self.route(backbone)
         # After the cut, which calls the layers symbolically: vLLM compiles
         # the decoder's steps without Keras's per-call machinery.
         use_direct_calls(self.encoder)
         use_direct_calls(self.decoder)
         substitute_keras_helpers()
+
+    def cut(self, backbone):
+        """The backbone's graph as its encoder and its decoder models."""
+        inputs = backbone.input
+        encoder_output = backbone.output["encoder_sequence_output"]
+        encoder = keras.Model(
+            {"encoder_token_ids": inputs["encoder_token_ids"],
+             "encoder_padding_mask": inputs["encoder_padding_mask"]},
+            encoder_output,
+            name="encoder",
+        )  # fmt: skip
+        decoder = keras.Model(
+            [inputs["decoder_token_ids"], inputs["decoder_padding_mask"],
+             encoder_output, inputs["encoder_padding_mask"]],
+            backbone.output["decoder_sequence_output"],
+            name="decoder",
+        )  # fmt: skip
+        return encoder, decoder
+
+    def route(self, backbone):
+        """Hands each decoder layer's attention to its vLLM kernels."""
+        pairs = self.family.decoder_attention(backbone)
+        for (own, cross), kernel, cross_kernel in zip(
+            pairs, self.self_attention, self.cross_attention, strict=True
+        ):
+            own._vllm_attention = _Kernel(kernel)
+            own.call = types.MethodType(self.self_attention_call, own)
+            cross._vllm_attention = _Kernel(cross_kernel)
+            cross.call = types.MethodType(self.cross_attention_call, cross)
 
     def embed_multimodal(self, encoder_token_ids=None, **kwargs):
         """Each request's encoder output, `(tokens, hidden)`: the preset's own
@@ -224,3 +278,13 @@ class KerasHubForConditionalGeneration(nn.Module, SupportsMultiModal):
 
     def compute_logits(self, hidden_states):
         return self.backbone.token_embedding(hidden_states, reverse=True)
+
+
+@compiled
+@MULTIMODAL_REGISTRY.register_processor(
+    processor.Seq2SeqProcessor,
+    info=processor.Seq2SeqProcessingInfo,
+    dummy_inputs=processor.Seq2SeqDummyInputsBuilder,
+)
+class KerasHubForConditionalGeneration(EncoderDecoderModel):
+    """A KerasHub `Seq2SeqLM` preset (BART): a text in, a text out."""
