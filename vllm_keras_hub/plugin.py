@@ -74,6 +74,14 @@ def register():
         "Seq2SeqRenderer",
     )
     TokenizerRegistry.register(
+        config.AUDIO_TO_TEXT_TOKENIZER_MODE, "vllm.tokenizers.hf", "CachedHfTokenizer"
+    )
+    RENDERER_REGISTRY.register(
+        config.AUDIO_TO_TEXT_TOKENIZER_MODE,
+        "vllm_keras_hub.tasks.audio_to_text.renderer",
+        "AudioToTextRenderer",
+    )
+    TokenizerRegistry.register(
         config.KERAS_HUB_EMBEDDER_TOKENIZER_MODE,
         "vllm_keras_hub.export.keras_hub_tokenizers",
         "KerasHubEmbedderTokenizer",

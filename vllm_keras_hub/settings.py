@@ -232,6 +232,11 @@ def settle(folder, values, given):
         if "max_num_batched_tokens" not in given:
             max_model_len = values.get("max_model_len") or folder.max_model_len
             updates["max_num_batched_tokens"] = max_model_len
+    if folder.audio_to_text and "max_num_batched_tokens" not in given:
+        # vLLM runs a clip's encoder frames in one step, unchunked: the
+        # longest clip's must fit a step's budget (the server's default,
+        # 2048, holds 49 s).
+        updates["max_num_batched_tokens"] = folder.audio_to_text["max_encoder_tokens"]
     if folder.architecture == architectures.MROPE and "skip_mm_profiling" not in given:
         from vllm.platforms import current_platform
 
@@ -254,8 +259,8 @@ def settle(folder, values, given):
     if folder.pooling:
         check_pooling_settings(folder.pooling["task"], {**values, **updates})
         return updates
-    if folder.family.seq2seq:
-        check_pooling_settings(folder.family.seq2seq, {**values, **updates})
+    if folder.family.encoder_decoder:
+        check_pooling_settings(folder.family.encoder_decoder, {**values, **updates})
         return updates
     check(folder.family, folder.images, {**values, **updates})
     return updates
@@ -304,8 +309,8 @@ def verify(vllm_config):
     _, pooling = tasks.of_config(hf_config)
     if pooling is not None:
         check_pooling_settings(pooling["task"], values)
-    if family.seq2seq:
-        check_pooling_settings(family.seq2seq, values)
+    if family.encoder_decoder:
+        check_pooling_settings(family.encoder_decoder, values)
 
 
 def engine_values(vllm_config):

@@ -14,6 +14,7 @@ folders carry readable, wherever nothing else holds them.
 """
 
 from vllm_keras_hub import tasks
+from vllm_keras_hub.tasks import audio_to_text
 from vllm_keras_hub.tasks import seq_2_seq_lm
 
 CAUSAL = "KerasHubTorchForCausalLM"
@@ -42,8 +43,9 @@ CLASSES = {
     MROPE: f"{_FAMILIES}.qwen3_5.media:KerasHubQwen3_5VisionForCausalLM",
     # Each pooling task's class (`tasks/`).
     **tasks.CLASSES,
-    # Encoder-decoder presets (`tasks/seq_2_seq_lm/`).
+    # Encoder-decoder presets (`tasks/seq_2_seq_lm/`, `tasks/audio_to_text/`).
     seq_2_seq_lm.ARCHITECTURE: seq_2_seq_lm.MODEL_CLASS,
+    audio_to_text.ARCHITECTURE: audio_to_text.MODEL_CLASS,
 }
 
 # The names folders written before these carry -> ours.

@@ -14,6 +14,11 @@ import json
 DEFAULT_MAX_POSITION_EMBEDDINGS = 8192
 
 
+def vocab_size(backbone_config):
+    """The rows of the backbone's token embedding (Gemma3n: its text's)."""
+    return int(backbone_config.get("text_vocab_size") or backbone_config["vocabulary_size"])
+
+
 def model_dims(backbone_config):
     """Maps a KerasHub backbone config to the dims vLLM reads.
 

@@ -32,6 +32,9 @@ KERAS_HUB_EMBEDDER_TOKENIZER_MODE = "keras_hub_embedder"
 # An encoder-decoder preset's exported tokenizer, with a renderer that takes
 # a plain prompt as the encoder's text (`tasks/seq_2_seq_lm/renderer.py`).
 SEQ2SEQ_TOKENIZER_MODE = "keras_hub_seq2seq"
+# A speech-to-text preset's exported tokenizer, with a renderer that refuses
+# a request without a clip (`tasks/audio_to_text/renderer.py`).
+AUDIO_TO_TEXT_TOKENIZER_MODE = "keras_hub_audio_to_text"
 
 
 class KerasHubConfig(PretrainedConfig):

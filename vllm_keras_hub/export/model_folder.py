@@ -18,6 +18,7 @@ from vllm_keras_hub import families
 from vllm_keras_hub import tasks
 from vllm_keras_hub.export import architectures
 from vllm_keras_hub.export.preset_folder import write_model_folder
+from vllm_keras_hub.tasks import audio_to_text
 
 
 def _content_digest(directory):
@@ -92,6 +93,8 @@ class FolderConfig:
         self.audio = config.get("keras_hub_audio")
         # Its video format (`export/video_format.py`), else `None`.
         self.video = config.get("keras_hub_video")
+        # A speech-to-text task's fields (`tasks/audio_to_text/`), else `None`.
+        self.audio_to_text = config.get(audio_to_text.FIELD)
         # A pooling task's fields (`tasks/`), else `None`.
         self.pooling_task, self.pooling = tasks.of_config(config)
         # vLLM's parsers for the chat format's tool calls and thinking

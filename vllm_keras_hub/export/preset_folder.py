@@ -25,12 +25,14 @@ from vllm_keras_hub.export import tokenizer as tokenizer_export
 from vllm_keras_hub.export import video_format
 from vllm_keras_hub.export.backbone_fields import config_digest
 from vllm_keras_hub.export.backbone_fields import model_dims
+from vllm_keras_hub.export.backbone_fields import vocab_size
 from vllm_keras_hub.export.backbone_fields import weights_dtype
 from vllm_keras_hub.export.preset_chat import add_response_template
 from vllm_keras_hub.export.preset_chat import chat_format_of
 from vllm_keras_hub.export.tokenizer_backends import TokenizerExportError
 from vllm_keras_hub.preset import Preset
 from vllm_keras_hub.preset import PresetError
+from vllm_keras_hub.tasks.audio_to_text import spec as audio_to_text_spec
 from vllm_keras_hub.tasks.seq_2_seq_lm import spec as seq2seq_spec
 
 logger = logging.getLogger(__name__)
@@ -76,7 +78,7 @@ def read_preset(preset):
     else:
         backbone_config = preset.config["config"]
     family = families.family_for_backbone(preset.backbone_cls.__name__, preset)
-    if family.embedder_only or family.seq2seq:  # Not served by a CausalLM.
+    if family.embedder_only or family.encoder_decoder:  # Not served by a CausalLM.
         return family, backbone_config, None
     return family, backbone_config, sampling.causal_lm_class(preset)
 
@@ -110,7 +112,8 @@ def read_tokenizers(preset, backbone_config, causal_lm_cls=None):
     Args:
         preset: A preset reference.
         backbone_config: Its backbone config.
-        causal_lm_cls: Its `CausalLM` class, if it generates.
+        causal_lm_cls: Its `CausalLM` (or other generating task) class,
+            if it generates.
 
     Returns:
         `(tokenizer, checkpoint)`: the KerasHub tokenizer, and the
@@ -129,8 +132,13 @@ def read_tokenizers(preset, backbone_config, causal_lm_cls=None):
     # The preprocessor's own tokenizer class is the one its task loads.
     preprocessor_cls = getattr(causal_lm_cls, "preprocessor_cls", None)
     tokenizer_cls = getattr(preprocessor_cls, "tokenizer_cls", None) or Tokenizer
+    preset = Preset.of(preset)
+    # KerasHub bug: `MoonshineTokenizer` keeps `LlamaTokenizer`'s backbone
+    # class, so no tokenizer class is found for a Moonshine backbone; the
+    # preprocessor's own class is loaded as it is.
+    exact = tokenizer_cls.backbone_cls not in (None, preset.backbone_cls)
     try:
-        tokenizer = Preset.of(preset).load(tokenizer_cls)
+        tokenizer = preset.load(tokenizer_cls, exact=exact)
     except Exception as e:  # noqa: BLE001 - re-raised with the preset named
         # e.g. a checkpoint folder without the vocab.txt keras-hub's BERT
         # converter reads (FileNotFoundError).
@@ -138,7 +146,7 @@ def read_tokenizers(preset, backbone_config, causal_lm_cls=None):
             f"Cannot read the tokenizer of KerasHub preset '{preset}': "
             f"{type(e).__name__}: {e}"
         ) from e
-    vocabulary_size = model_dims(backbone_config)["vocab_size"]
+    vocabulary_size = vocab_size(backbone_config)
     try:
         checkpoint = checkpoint_tokenizer.read_checkpoint_tokenizer(
             preset, tokenizer, vocabulary_size
@@ -165,9 +173,16 @@ def write_model_folder(preset, directory, max_model_len=None):
     config_lib.register_config()
     preset = Preset(resolve_preset(preset))
     family, backbone_config, causal_lm_cls = read_preset(preset)
+    if family.audio_to_text:
+        # keras-hub's Moonshine tokenizer names no backbone of its own: its task's names it.
+        causal_lm_cls = audio_to_text_spec.audio_to_text_class(family)
     tokenizer, checkpoint = read_tokenizers(preset, backbone_config, causal_lm_cls)
     if family.seq2seq:
         return _write_seq2seq_folder(preset, directory, family, backbone_config, tokenizer, max_model_len)
+    if family.audio_to_text:
+        return _write_audio_to_text_folder(
+            preset, directory, family, backbone_config, tokenizer, max_model_len
+        )
     task, spec = tasks.read(preset, family, backbone_config)
     if spec is None and family.embedder_only:
         raise tasks.PoolingTaskError(
@@ -268,6 +283,30 @@ def _write_seq2seq_folder(preset, directory, family, backbone_config, tokenizer,
         )
     return config_lib.SEQ2SEQ_TOKENIZER_MODE
 
+
+
+def _write_audio_to_text_folder(preset, directory, family, backbone_config, tokenizer, max_model_len):
+    fields = audio_to_text_spec.config_fields(
+        preset, family, backbone_config, tokenizer, max_model_len
+    )
+    config_lib.KerasHubConfig(
+        keras_hub_preset=preset.reference,
+        keras_hub_family=family.name,
+        keras_hub_config_digest=config_digest(backbone_config),
+        torch_dtype=weights_dtype(backbone_config),
+        **fields,
+    ).save_pretrained(directory)
+    audio_to_text_spec.write_generation_config(family, tokenizer, directory)
+    # A request's prompt text continues the start token, as the
+    # preprocessor packs it.
+    mode = _write_tokenizer(preset, tokenizer, directory, add_start_token=True)
+    if mode != "auto":
+        raise PresetError(
+            f"Cannot serve '{preset}': its {family.display_name} tokenizer cannot be "
+            "exported exactly, and a speech-to-text preset is served with its "
+            "exported tokenizer only."
+        )
+    return config_lib.AUDIO_TO_TEXT_TOKENIZER_MODE
 
 def _write_pooling_folder(
     preset, directory, family, backbone_config, tokenizer, task, spec, max_model_len, checkpoint

@@ -87,11 +87,13 @@ def _check(family):
     problems = []
     if family.route not in (KERAS_HUB, OURS, None):
         problems.append(f"route {family.route!r} is none of keras_hub, ours or None")
-    if family.route == OURS and not family.attention and not family.seq2seq:
+    if family.route == OURS and not family.attention and not family.encoder_decoder:
         problems.append("its route is ours, but it names no attention route")
-    if family.seq2seq and family.attention:
+    if family.encoder_decoder and family.attention:
         problems.append("an encoder-decoder's attention is routed by its task's model")
-    if bool(family.seq2seq) != (family.decoder_attention is not None):
+    if family.seq2seq and family.audio_to_text:
+        problems.append("it is served as one encoder-decoder task, not two")
+    if bool(family.encoder_decoder) != (family.decoder_attention is not None):
         problems.append("encoder-decoder families, and only they, name their decoder attention")
     if family.route != OURS and family.attention:
         problems.append("it names attention routes its route does not use")
@@ -146,7 +148,7 @@ def supported_families():
     return [
         family.display_name
         for family in FAMILIES
-        if family.route and not family.embedder_only and not family.seq2seq
+        if family.route and not family.embedder_only and not family.encoder_decoder
     ]
 
 

@@ -39,6 +39,9 @@ class Family:
         seq2seq: The KerasHub `Seq2SeqLM` class of an encoder-decoder
             family, served by vLLM's encoder-decoder runner
             (`tasks/seq_2_seq_lm/`), or `""`.
+        audio_to_text: The KerasHub `AudioToText` class of a speech-to-text
+            family, served on `/v1/audio/transcriptions`
+            (`tasks/audio_to_text/`), or `""`.
         decoder_attention: `decoder_attention(backbone)`, each decoder
             layer's `(self-attention, cross-attention)` layers, for an
             encoder-decoder family.
@@ -85,6 +88,7 @@ class Family:
     hybrid: bool = False
     embedder_only: bool = False
     seq2seq: str = ""
+    audio_to_text: str = ""
     decoder_attention: object = None
     embedder: str = ""
     attention: dict = dataclasses.field(default_factory=dict, hash=False)
@@ -97,6 +101,11 @@ class Family:
     drafters: dict = dataclasses.field(default_factory=dict, hash=False)
     speculative_refusals: dict = dataclasses.field(default_factory=dict, hash=False)
     parts: str = ""
+
+    @property
+    def encoder_decoder(self):
+        """The task class an encoder-decoder family is served as, or `""`."""
+        return self.seq2seq or self.audio_to_text
 
 
 @dataclasses.dataclass(frozen=True)

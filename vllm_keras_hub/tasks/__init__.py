@@ -1,7 +1,8 @@
 """Every KerasHub task served by vLLM's pooling runner, one module or folder each.
 
-(`seq_2_seq_lm/`, the encoder-decoder LMs, generates and has no row here:
-its families name it, `Family.seq2seq`.)
+(`seq_2_seq_lm/` and `audio_to_text/`, the encoder-decoder tasks, generate
+and have no row here: their families name them, `Family.seq2seq` and
+`Family.audio_to_text`.)
 
 A task's module (`tasks/<name>.py`, or its folder `tasks/<name>/`) holds its
 `PoolingTask` row, found here when this table is imported: adding a task

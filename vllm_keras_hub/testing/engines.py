@@ -72,6 +72,6 @@ def in_process_llm(model, **kwargs):
 
 
 def served_model(llm):
-    """The `KerasHubForCausalLM` inside an `in_process_llm` engine."""
+    """The model (a `KerasHubForCausalLM`, say) inside an `in_process_llm` engine."""
     executor = llm.llm_engine.engine_core.engine_core.model_executor
     return executor.driver_worker.worker.model_runner.model

@@ -169,7 +169,7 @@ def render(recorded):
                 + "| " * (len(HEADINGS) + 1) + "|"
             )
         # The causal LMs' matrix: the other tasks have their own pages.
-        elif family.name not in tested and not (family.embedder_only or family.seq2seq):
+        elif family.name not in tested and not (family.embedder_only or family.encoder_decoder):
             lines.append(
                 f"| {family.display_name} | | in no recorded run "
                 + "| " * (len(HEADINGS) + 1) + "|"

@@ -135,7 +135,8 @@ SLICES = {
     # Servers under load, faults and shutdown, a saved compile restarted;
     # two nodes; data parallelism; tensor and pipeline parallelism together,
     # with KV sharing and state across stages; media presets and drafts at
-    # two ranks; vLLM native's logprobs; Gemma4's preemption.
+    # two ranks; vLLM native's logprobs; Gemma4's preemption; an exported
+    # Moonshine folder transcribing under plain vLLM.
     4: (
         "tests/reliability_test.py::*",
         "vllm_keras_hub/vllm_fixes/saved_compile_test.py::*",
@@ -150,6 +151,7 @@ SLICES = {
         _P + "test_bidirectional_gemma4_images_in_each_layout[tensor]",
         "tests/features_test.py::test_logprobs_match_vllm_native",
         "tests/preemption_test.py::*[gemma4]",
+        "vllm_keras_hub/tasks/audio_to_text/audio_to_text_test.py::test_an_exported_folder_transcribes_with_plain_vllm",
     ),
 }
 

@@ -42,7 +42,8 @@ FIXES = (
         "audio_integer_samples",
         "the PyAV audio loader returns 16/32-bit integer samples unscaled at "
         "a file's own rate, which is how the server loads every clip",
-        "front end: `models/multimodal.py` at import, before any clip is decoded",
+        "front end: `models/multimodal.py` and `tasks/audio_to_text/processor.py` "
+        "at import, before any clip is decoded",
         "vllm_keras_hub/vllm_fixes/audio_integer_samples_test.py"
         "::test_integer_samples_at_their_own_rate_are_scaled",
         "`load_audio_pyav` converts integer frames to float at any rate",
