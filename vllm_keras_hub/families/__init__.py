@@ -20,6 +20,7 @@ import importlib.util
 
 # First: the family modules import Keras, on torch.
 from vllm_keras_hub import keras_on_torch  # noqa: F401
+from vllm_keras_hub.families import albert
 from vllm_keras_hub.families import bart
 from vllm_keras_hub.families import bert
 from vllm_keras_hub.families import blip2
@@ -67,7 +68,7 @@ FAMILIES = tuple(
         gpt2, opt, llama, llama3, mistral, qwen, qwen3, gemma, gemma3, mixtral,
         qwen_moe, qwen3_moe, smollm3, phi3, gpt_neox, bloom, falcon, gpt_oss,
         gemma3n, gemma4, qwen3_5, qwen3_5_moe, pali_gemma, bert, xlm_roberta,
-        roberta, distil_bert, bart, rwkv7, t5, t5gemma, t5gemma2, blip2, moonshine,
+        roberta, distil_bert, albert, bart, rwkv7, t5, t5gemma, t5gemma2, blip2, moonshine,
     )
 )  # fmt: skip
 

@@ -73,6 +73,10 @@ class Family:
             (`export/drafter.py`).
         speculative_refusals: Speculative method -> why a target of the
             family is not served with it (`speculative.py`).
+        layer_calls: `layer_calls(backbone)`, its transformer layers'
+            indices in the order its graph calls them, where it calls some
+            more than once (ALBERT's shared groups); `None`: each once, in
+            order. Only an encoder's, whose attention keeps no cache.
         parts: The family whose folder holds this one's parts
             (`families.part`), where it shares another's; else its own.
     """
@@ -100,6 +104,7 @@ class Family:
     kernel_readers: dict = dataclasses.field(default_factory=dict, hash=False)
     drafters: dict = dataclasses.field(default_factory=dict, hash=False)
     speculative_refusals: dict = dataclasses.field(default_factory=dict, hash=False)
+    layer_calls: object = None
     parts: str = ""
 
     @property

@@ -291,6 +291,7 @@ class KerasHubBase(LoadSteps, nn.Module):
             routed.moe,
             routed.states,
             (len(self.attention), len(self.moe), len(self.states)),
+            self.attention_calls,
         )
         if not self.stage.last:
             return IntermediateTensors({"hidden_states": hidden_states})

@@ -46,6 +46,9 @@ class LoadSteps:
         self.cpu_gemm_layers = 0
         # The backbone's index of each vLLM `Attention`'s layer.
         self.attending_layers = []
+        # The kernels' indices in the order a step calls them, where the
+        # backbone calls some layers more than once (`Family.layer_calls`).
+        self.attention_calls = None
 
     def _vllm_scope(self):
         return building_scope(self.vllm_config)
@@ -78,7 +81,13 @@ class LoadSteps:
     def _probe(self, stage, state_layers=(), moe_blocks=()):
         """One token through the stage: every layer must route to vLLM."""
         routes = probe.run(stage, moe_blocks, state_layers)
-        probe.check_attention_routes(routes, stage.layers, self._name)
+        layer_calls = self.family.layer_calls
+        calls = None if layer_calls is None else layer_calls(stage.backbone)
+        probe.check_attention_routes(routes, stage.layers, self._name, calls)
+        if calls is not None:
+            routes.first_calls()
+            attending = attention_layers.attention_indices(stage.layers)
+            self.attention_calls = [attending.index(i) for i in calls if i in attending]
         probe.check_moe_routes(routes, moe_blocks, self._name)
         probe.check_state_routes(routes, state_layers, self._name)
         if not self.reads_target_cache:

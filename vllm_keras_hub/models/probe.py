@@ -81,6 +81,17 @@ class Probe:
     state_layers: list = dataclasses.field(default_factory=list)
     caller: object = None
 
+    def first_calls(self):
+        """Keeps each attention layer's first call only: one vLLM layer
+        serves a layer the backbone calls again (`Family.layer_calls`)."""
+        seen, specs, layers = set(), [], []
+        for spec, layer in zip(self.specs, self.attention_layers, strict=True):
+            if id(layer) not in seen:
+                seen.add(id(layer))
+                specs.append(spec)
+                layers.append(layer)
+        self.specs, self.attention_layers = specs, layers
+
 
 _MISSING = object()
 
@@ -214,7 +225,7 @@ def _layer_owners(layers):
     return owners
 
 
-def check_attention_routes(probe, layers, name):
+def check_attention_routes(probe, layers, name, calls=None):
     """Raises `RouteError` unless the attending layers each routed once, in order.
 
     Layers whose token mixer keeps a recurrent state have no attention
@@ -224,15 +235,22 @@ def check_attention_routes(probe, layers, name):
         probe: What `run` recorded.
         layers: The probed stage's transformer layers.
         name: The model, for the message.
+        calls: The layers' indices in the order the backbone calls them,
+            where it calls some more than once (`Family.layer_calls`).
     """
     owners = _layer_owners(layers)
     routed = [owners.get(id(caller)) for caller in probe.attention_layers]
     expected = attention_indices(layers)
+    if calls is not None:
+        attending = set(expected)
+        expected = [index for index in calls if index in attending]
     if routed == expected:
         return
     missing = [i for i in expected if i not in routed]
     unexpected = [i for i in routed if i is not None and i not in expected]
-    repeated = sorted({i for i in routed if i is not None and routed.count(i) > 1})
+    repeated = sorted(
+        {i for i in routed if i is not None and routed.count(i) > max(expected.count(i), 1)}
+    )
     problems = []
     if missing:
         problems.append("did not route: " + ", ".join(layers[i].name for i in missing))
@@ -330,7 +348,7 @@ def check_kv_sharing(specs, indices=None):
             )
 
 
-def check_step(name, attention_indices, moe_indices, state_indices, counts):
+def check_step(name, attention_indices, moe_indices, state_indices, counts, attention_calls=None):
     """Raises for a served step that routed otherwise than the probe.
 
     A layer that fell back to its own attention must not return; under
@@ -346,9 +364,11 @@ def check_step(name, attention_indices, moe_indices, state_indices, counts):
         moe_indices: The index of each MoE block routed, in call order.
         state_indices: The index of each state layer routed, in order.
         counts: `(attention, moe, states)`: the vLLM layers built.
+        attention_calls: The attention kernels' indices in call order,
+            where the backbone calls a layer more than once.
     """
     attention, moe, states = counts
-    if attention_indices != list(range(attention)):
+    if attention_indices != (attention_calls or list(range(attention))):
         raise RouteError(
             f"{name}: {len(attention_indices)} of {attention} transformer "
             "layers handed attention to vLLM in this step, not one per layer "

@@ -28,6 +28,8 @@ TINY_CLASSIFIERS = {
     # RoBERTa (byte-level BPE) and DistilBERT (a relu head), two classes.
     "roberta": ("RobertaTextClassifier", "roberta", dict(num_classes=2)),
     "distil_bert": ("DistilBertTextClassifier", "distil_bert", dict(num_classes=2)),
+    # ALBERT (SentencePiece): its one shared layer called twice.
+    "albert": ("AlbertTextClassifier", "albert", dict(num_classes=3)),
     # Cross-encoders, scoring text pairs: one logit, BERT's pairs in two
     # segments; a sigmoid of XLM-RoBERTa's, whose pairs are one segment.
     "bert_cross_encoder": ("BertTextClassifier", "bert", dict(num_classes=1)),
@@ -37,6 +39,9 @@ TINY_CLASSIFIERS = {
         dict(num_classes=1, activation="sigmoid"),
     ),
 }
+
+# Backbone arguments beyond the tiny encoders' shape.
+_BACKBONE_EXTRAS = {"albert": dict(embedding_dim=64, num_groups=1)}
 
 # Shorter than the position table: the longest text served.
 SEQUENCE_LENGTH = 48
@@ -58,7 +63,9 @@ def build_tiny_classifier(name, directory, seed=0):
     tokenizer = encoder_tokenizer(family)
     classifier_cls = getattr(keras_hub.models, classifier_name)
     backbone = classifier_cls.backbone_cls(
-        **embedders._ENCODER, vocabulary_size=tokenizer.vocabulary_size()
+        **embedders._ENCODER,
+        **_BACKBONE_EXTRAS.get(family, {}),
+        vocabulary_size=tokenizer.vocabulary_size(),
     )
     preprocessor = classifier_cls.preprocessor_cls(
         tokenizer=tokenizer, sequence_length=SEQUENCE_LENGTH

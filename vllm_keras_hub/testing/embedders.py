@@ -67,7 +67,7 @@ _WORDPIECE_VOCABULARY = (
 
 def encoder_tokenizer(family):
     """The tiny tokenizer of encoder `family`: `"bert"`, `"distil_bert"`,
-    `"roberta"` or `"xlm_roberta"`."""
+    `"roberta"`, `"xlm_roberta"` or `"albert"`."""
     from vllm_keras_hub.testing.tokenizers import tiny_bpe_vocabulary_and_merges
     from vllm_keras_hub.testing.tokenizers import tiny_sentencepiece_proto
 
@@ -80,6 +80,10 @@ def encoder_tokenizer(family):
         specials = ("<s>", "<pad>", "</s>", "<mask>", "<unk>")
         vocabulary, merges = tiny_bpe_vocabulary_and_merges(specials)
         return keras_hub.tokenizers.RobertaTokenizer(vocabulary=vocabulary, merges=merges)
+    if family == "albert":
+        return keras_hub.tokenizers.AlbertTokenizer(
+            proto=tiny_sentencepiece_proto(user_defined_symbols=("[CLS]", "[SEP]", "[MASK]"))
+        )
     return keras_hub.tokenizers.XLMRobertaTokenizer(
         proto=tiny_sentencepiece_proto(layout="llama")
     )

@@ -26,7 +26,7 @@ def transformer_layers(backbone):
     """The backbone's transformer layers, one attention layer each.
 
     Gemma3n keeps them in its text model (`language_model`), not on the
-    backbone.
+    backbone; ALBERT in groups (lists), each group called again and again.
 
     Raises:
         ValueError: the backbone has none.
@@ -34,7 +34,11 @@ def transformer_layers(backbone):
     for owner in (backbone, getattr(backbone, "language_model", None)):
         layers = getattr(owner, "transformer_layers", None)
         if layers is not None:
-            return list(layers)
+            return [
+                layer
+                for entry in layers
+                for layer in (entry if isinstance(entry, list) else [entry])
+            ]
     raise ValueError(
         f"{type(backbone).__name__} has no `transformer_layers`; "
         "vllm-keras-hub cannot map its attention to vLLM."

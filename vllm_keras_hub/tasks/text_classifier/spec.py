@@ -68,6 +68,9 @@ HEADS = {
     "DistilBertTextClassifier": Head(
         "DistilBertBackbone", (("task", "pooled_dense"), ("task", "logits"))
     ),
+    "AlbertTextClassifier": Head(
+        "AlbertBackbone", (("backbone", "pooled_dense"), ("task", "logits")), segment_ids=True
+    ),
 }  # fmt: skip
 
 # The preset's last activation -> vLLM's `problem_type` that applies it.

@@ -40,6 +40,7 @@ ENGINES = {
     "bert_sigmoid": dict(),
     "roberta": dict(),
     "distil_bert": dict(),
+    "albert": dict(),
 }
 LONGEST = dict(max_model_len=SEQUENCE_LENGTH)
 
