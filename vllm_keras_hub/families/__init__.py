@@ -49,6 +49,7 @@ from vllm_keras_hub.families import qwen3_5_moe
 from vllm_keras_hub.families import qwen3_moe
 from vllm_keras_hub.families import qwen_moe
 from vllm_keras_hub.families import roberta
+from vllm_keras_hub.families import roformer_v2
 from vllm_keras_hub.families import rwkv7
 from vllm_keras_hub.families import smollm3
 from vllm_keras_hub.families import t5
@@ -68,7 +69,7 @@ FAMILIES = tuple(
         gpt2, opt, llama, llama3, mistral, qwen, qwen3, gemma, gemma3, mixtral,
         qwen_moe, qwen3_moe, smollm3, phi3, gpt_neox, bloom, falcon, gpt_oss,
         gemma3n, gemma4, qwen3_5, qwen3_5_moe, pali_gemma, bert, xlm_roberta,
-        roberta, distil_bert, albert, bart, rwkv7, t5, t5gemma, t5gemma2, blip2, moonshine,
+        roberta, distil_bert, albert, roformer_v2, bart, rwkv7, t5, t5gemma, t5gemma2, blip2, moonshine,
     )
 )  # fmt: skip
 

@@ -9,6 +9,7 @@ import os
 
 import keras
 import keras_hub
+import numpy as np
 
 from vllm_keras_hub.testing import embedders
 from vllm_keras_hub.testing.embedders import encoder_tokenizer
@@ -30,6 +31,8 @@ TINY_CLASSIFIERS = {
     "distil_bert": ("DistilBertTextClassifier", "distil_bert", dict(num_classes=2)),
     # ALBERT (SentencePiece): its one shared layer called twice.
     "albert": ("AlbertTextClassifier", "albert", dict(num_classes=3)),
+    # RoFormerV2: rotary attention, no biases, its norms without scales.
+    "roformer_v2": ("RoformerV2TextClassifier", "roformer_v2", dict(num_classes=2)),
     # Cross-encoders, scoring text pairs: one logit, BERT's pairs in two
     # segments; a sigmoid of XLM-RoBERTa's, whose pairs are one segment.
     "bert_cross_encoder": ("BertTextClassifier", "bert", dict(num_classes=1)),
@@ -40,8 +43,15 @@ TINY_CLASSIFIERS = {
     ),
 }
 
-# Backbone arguments beyond the tiny encoders' shape.
-_BACKBONE_EXTRAS = {"albert": dict(embedding_dim=64, num_groups=1)}
+# Backbone arguments beyond the tiny encoders' shape (`None`: one it has not).
+_BACKBONE_EXTRAS = {
+    "albert": dict(embedding_dim=64, num_groups=1),
+    "roformer_v2": dict(head_size=32, max_sequence_length=None),
+}
+
+# Weights redrawn with this spread, where the initializer's leave every
+# text's first-token state nearly the same (RoFormerV2's).
+_REDRAW = {"roformer_v2": 0.15}
 
 # Shorter than the position table: the longest text served.
 SEQUENCE_LENGTH = 48
@@ -62,11 +72,15 @@ def build_tiny_classifier(name, directory, seed=0):
     keras.utils.set_random_seed(seed)
     tokenizer = encoder_tokenizer(family)
     classifier_cls = getattr(keras_hub.models, classifier_name)
+    shape = {**embedders._ENCODER, **_BACKBONE_EXTRAS.get(family, {})}
     backbone = classifier_cls.backbone_cls(
-        **embedders._ENCODER,
-        **_BACKBONE_EXTRAS.get(family, {}),
+        **{key: value for key, value in shape.items() if value is not None},
         vocabulary_size=tokenizer.vocabulary_size(),
     )
+    if family in _REDRAW:
+        rng = np.random.default_rng(seed)
+        for variable in backbone.weights:
+            variable.assign(rng.normal(0, _REDRAW[family], variable.shape).astype(variable.dtype))
     preprocessor = classifier_cls.preprocessor_cls(
         tokenizer=tokenizer, sequence_length=SEQUENCE_LENGTH
     )
@@ -117,7 +131,11 @@ def keras_hub_predictions(preset, texts, logits=False, seconds=None, one_segment
     if one_segment:
         inputs["segment_ids"] = keras.ops.zeros_like(inputs["segment_ids"])
     outputs = keras.ops.convert_to_numpy(classifier(inputs, training=False))
-    counts = keras.ops.convert_to_numpy(inputs["padding_mask"]).sum(axis=1)
+    if "padding_mask" in inputs:
+        mask = inputs["padding_mask"]
+    else:  # RoFormerV2's: its backbone masks the pad token's id.
+        mask = keras.ops.not_equal(inputs["token_ids"], classifier.preprocessor.tokenizer.pad_token_id)
+    counts = keras.ops.convert_to_numpy(mask).sum(axis=1)
     return outputs.astype("float64"), [int(count) for count in counts]
 
 
@@ -135,7 +153,11 @@ def packed_pairs(preset, firsts, seconds):
     """
     preprocessor = keras_hub.models.TextClassifierPreprocessor.from_preset(preset)
     inputs = preprocessor(x=(firsts, seconds))
-    counts = keras.ops.convert_to_numpy(inputs["padding_mask"]).sum(axis=1)
+    if "padding_mask" in inputs:
+        mask = inputs["padding_mask"]
+    else:  # RoFormerV2's: its backbone masks the pad token's id.
+        mask = keras.ops.not_equal(inputs["token_ids"], classifier.preprocessor.tokenizer.pad_token_id)
+    counts = keras.ops.convert_to_numpy(mask).sum(axis=1)
 
     def unpadded(rows):
         rows = keras.ops.convert_to_numpy(rows).tolist()
@@ -229,6 +251,10 @@ def save_hf_pair(family, directory, num_classes=3, sequence_length=SEQUENCE_LENG
     _save_hf_tokenizer(family, tokenizer, hf_folder)
 
     backbone = keras_hub.models.Backbone.from_preset(hf_folder)
+    if family in _REDRAW:
+        rng = np.random.default_rng(seed)
+        for variable in backbone.weights:
+            variable.assign(rng.normal(0, _REDRAW[family], variable.shape).astype(variable.dtype))
     preprocessor = classifier_cls.preprocessor_cls(
         tokenizer=tokenizer, sequence_length=sequence_length
     )

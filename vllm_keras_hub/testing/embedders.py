@@ -75,6 +75,8 @@ def encoder_tokenizer(family):
         return keras_hub.tokenizers.BertTokenizer(vocabulary=_WORDPIECE_VOCABULARY)
     if family == "distil_bert":
         return keras_hub.tokenizers.DistilBertTokenizer(vocabulary=_WORDPIECE_VOCABULARY)
+    if family == "roformer_v2":
+        return keras_hub.tokenizers.RoformerV2Tokenizer(vocabulary=_WORDPIECE_VOCABULARY)
     if family == "roberta":
         # With transformers' `<unk>`, which its RoBERTa tokenizer adds.
         specials = ("<s>", "<pad>", "</s>", "<mask>", "<unk>")

@@ -71,6 +71,9 @@ HEADS = {
     "AlbertTextClassifier": Head(
         "AlbertBackbone", (("backbone", "pooled_dense"), ("task", "logits")), segment_ids=True
     ),
+    "RoformerV2TextClassifier": Head(
+        "RoformerV2Backbone", (("task", "pooled_dense"), ("task", "logits")), segment_ids=True
+    ),
 }  # fmt: skip
 
 # The preset's last activation -> vLLM's `problem_type` that applies it.

@@ -41,6 +41,7 @@ ENGINES = {
     "roberta": dict(),
     "distil_bert": dict(),
     "albert": dict(),
+    "roformer_v2": dict(),
 }
 LONGEST = dict(max_model_len=SEQUENCE_LENGTH)
 
