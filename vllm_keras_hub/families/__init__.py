@@ -26,6 +26,7 @@ from vllm_keras_hub.families import bert
 from vllm_keras_hub.families import blip2
 from vllm_keras_hub.families import bloom
 from vllm_keras_hub.families import distil_bert
+from vllm_keras_hub.families import esm
 from vllm_keras_hub.families import falcon
 from vllm_keras_hub.families import gemma
 from vllm_keras_hub.families import gemma3
@@ -69,7 +70,7 @@ FAMILIES = tuple(
         gpt2, opt, llama, llama3, mistral, qwen, qwen3, gemma, gemma3, mixtral,
         qwen_moe, qwen3_moe, smollm3, phi3, gpt_neox, bloom, falcon, gpt_oss,
         gemma3n, gemma4, qwen3_5, qwen3_5_moe, pali_gemma, bert, xlm_roberta,
-        roberta, distil_bert, albert, roformer_v2, bart, rwkv7, t5, t5gemma, t5gemma2, blip2, moonshine,
+        roberta, distil_bert, albert, roformer_v2, esm, bart, rwkv7, t5, t5gemma, t5gemma2, blip2, moonshine,
     )
 )  # fmt: skip
 

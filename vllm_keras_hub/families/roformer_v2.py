@@ -34,19 +34,29 @@ def _rotate(embedding, tensors, positions):
     return rotated
 
 
-def roformer_attention(layer, hidden_states, positions):
-    # `RoformerAttention.call`: its own projections and rotation, and
-    # `dot_product_attention`'s default scale, over the text's own tokens.
+def project(layer, hidden_states):
+    """A `RoformerAttention`'s (or ESM's) query, key and value heads."""
     heads = (-1, 1, layer.heads, layer.head_size)
-    query, key, value = (
+    return [
         ops.reshape(dense(hidden_states), heads)
         for dense in (layer.q_dense, layer.k_dense, layer.v_dense)
-    )
-    query, key = _rotate(layer.rotary_embedding_layer, (query, key), positions)
+    ]
+
+
+def attend(layer, query, key, value):
+    """Its heads over the text's own tokens, with `dot_product_attention`'s
+    default scale, through its output projection."""
     output = paged_attention(
         layer, query, key, value, layer.head_size**-0.5, num_kv_heads=layer.heads
     )
     return layer.o_dense(ops.reshape(output, (-1, 1, layer.heads * layer.head_size)))
+
+
+def roformer_attention(layer, hidden_states, positions):
+    # `RoformerAttention.call`, its rotation at vLLM's positions.
+    query, key, value = project(layer, hidden_states)
+    query, key = _rotate(layer.rotary_embedding_layer, (query, key), positions)
+    return attend(layer, query, key, value)
 
 
 FAMILY = Family(

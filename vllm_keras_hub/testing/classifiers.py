@@ -33,6 +33,8 @@ TINY_CLASSIFIERS = {
     "albert": ("AlbertTextClassifier", "albert", dict(num_classes=3)),
     # RoFormerV2: rotary attention, no biases, its norms without scales.
     "roformer_v2": ("RoformerV2TextClassifier", "roformer_v2", dict(num_classes=2)),
+    # ESM: rotary attention, its pad token in the vocabulary's second row.
+    "esm": ("ESMProteinClassifier", "esm", dict(num_classes=3)),
     # Cross-encoders, scoring text pairs: one logit, BERT's pairs in two
     # segments; a sigmoid of XLM-RoBERTa's, whose pairs are one segment.
     "bert_cross_encoder": ("BertTextClassifier", "bert", dict(num_classes=1)),
@@ -47,6 +49,7 @@ TINY_CLASSIFIERS = {
 _BACKBONE_EXTRAS = {
     "albert": dict(embedding_dim=64, num_groups=1),
     "roformer_v2": dict(head_size=32, max_sequence_length=None),
+    "esm": dict(pad_token_id=1),
 }
 
 # Weights redrawn with this spread, where the initializer's leave every

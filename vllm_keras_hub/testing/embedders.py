@@ -77,6 +77,13 @@ def encoder_tokenizer(family):
         return keras_hub.tokenizers.DistilBertTokenizer(vocabulary=_WORDPIECE_VOCABULARY)
     if family == "roformer_v2":
         return keras_hub.tokenizers.RoformerV2Tokenizer(vocabulary=_WORDPIECE_VOCABULARY)
+    if family == "esm":
+        # ESM-2's specials, in its order; cased letters, as it keeps case.
+        letters = [chr(c) for c in (*range(ord("A"), ord("Z") + 1), *range(ord("a"), ord("z") + 1))]
+        vocabulary = ["<cls>", "<pad>", "<eos>", "<unk>", "<mask>", *".,?!'", *letters]
+        return keras_hub.tokenizers.ESMTokenizer(
+            vocabulary=vocabulary + ["##" + letter for letter in letters]
+        )
     if family == "roberta":
         # With transformers' `<unk>`, which its RoBERTa tokenizer adds.
         specials = ("<s>", "<pad>", "</s>", "<mask>", "<unk>")

@@ -74,6 +74,7 @@ HEADS = {
     "RoformerV2TextClassifier": Head(
         "RoformerV2Backbone", (("task", "pooled_dense"), ("task", "logits")), segment_ids=True
     ),
+    "ESMProteinClassifier": Head("ESMBackbone", (("task", "pooled_dense"), ("task", "logits"))),
 }  # fmt: skip
 
 # The preset's last activation -> vLLM's `problem_type` that applies it.

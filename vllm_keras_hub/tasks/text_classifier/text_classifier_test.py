@@ -42,6 +42,7 @@ ENGINES = {
     "distil_bert": dict(),
     "albert": dict(),
     "roformer_v2": dict(),
+    "esm": dict(),
 }
 LONGEST = dict(max_model_len=SEQUENCE_LENGTH)
 
@@ -164,6 +165,31 @@ def test_tensor_parallelism_is_refused(tmp_path):
         KerasHubLLM(
             f"keras_hub:{preset}", tensor_parallel_size=2, **{**TEST_ENGINE_KWARGS, **LONGEST}
         )
+
+
+def test_an_esm_preset_with_absolute_positions_is_refused_at_start_up(tmp_path):
+    """keras-hub's serving positions skip the pad id its absolute positions
+    start from; every published ESM-2 preset is rotary."""
+    import keras_hub
+
+    from vllm_keras_hub.testing.embedders import encoder_tokenizer
+
+    tokenizer = encoder_tokenizer("esm")
+    backbone = keras_hub.models.ESMBackbone(
+        vocabulary_size=tokenizer.vocabulary_size(), num_layers=1, num_heads=2,
+        hidden_dim=64, intermediate_dim=64, pad_token_id=1,
+        position_embedding_type="absolute",
+    )  # fmt: skip
+    keras_hub.models.ESMProteinClassifier(
+        backbone=backbone,
+        preprocessor=keras_hub.models.ESMProteinClassifierPreprocessor(
+            tokenizer=tokenizer, sequence_length=SEQUENCE_LENGTH
+        ),
+        num_classes=2,
+    ).save_to_preset(str(tmp_path))
+    with pytest.raises(Exception, match="absolute positions"):
+        with in_process_llm(f"keras_hub:{tmp_path}", **LONGEST):
+            pass
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta"])
