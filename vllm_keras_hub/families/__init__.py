@@ -25,9 +25,11 @@ from vllm_keras_hub.families import bart
 from vllm_keras_hub.families import bert
 from vllm_keras_hub.families import blip2
 from vllm_keras_hub.families import bloom
+from vllm_keras_hub.families import deberta_v3
 from vllm_keras_hub.families import distil_bert
 from vllm_keras_hub.families import esm
 from vllm_keras_hub.families import falcon
+from vllm_keras_hub.families import f_net
 from vllm_keras_hub.families import gemma
 from vllm_keras_hub.families import gemma3
 from vllm_keras_hub.families import gemma3n
@@ -70,7 +72,7 @@ FAMILIES = tuple(
         gpt2, opt, llama, llama3, mistral, qwen, qwen3, gemma, gemma3, mixtral,
         qwen_moe, qwen3_moe, smollm3, phi3, gpt_neox, bloom, falcon, gpt_oss,
         gemma3n, gemma4, qwen3_5, qwen3_5_moe, pali_gemma, bert, xlm_roberta,
-        roberta, distil_bert, albert, roformer_v2, esm, bart, rwkv7, t5, t5gemma, t5gemma2, blip2, moonshine,
+        roberta, distil_bert, albert, roformer_v2, esm, deberta_v3, f_net, bart, rwkv7, t5, t5gemma, t5gemma2, blip2, moonshine,
     )
 )  # fmt: skip
 

@@ -167,6 +167,24 @@ def test_tensor_parallelism_is_refused(tmp_path):
         )
 
 
+@pytest.mark.parametrize(
+    "backbone, reason",
+    [("DebertaV3Backbone", "disentangled attention"), ("FNetBackbone", "Fourier transform")],
+)
+def test_classifier_families_not_served_are_refused_with_their_reason(tmp_path, backbone, reason):
+    import keras_hub
+
+    from vllm_keras_hub import families
+    from vllm_keras_hub.export import model_folder
+
+    shape = dict(vocabulary_size=64, num_layers=1, hidden_dim=32, intermediate_dim=64)
+    if backbone == "DebertaV3Backbone":
+        shape["num_heads"] = 2
+    getattr(keras_hub.models, backbone)(**shape).save_to_preset(str(tmp_path))
+    with pytest.raises(families.UnsupportedFamilyError, match=reason):
+        model_folder.ModelFolder(str(tmp_path))
+
+
 def test_an_esm_preset_with_absolute_positions_is_refused_at_start_up(tmp_path):
     """keras-hub's serving positions skip the pad id its absolute positions
     start from; every published ESM-2 preset is rotary."""
