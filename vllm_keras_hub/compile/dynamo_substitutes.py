@@ -23,6 +23,12 @@ A third keeps the token count dynamic:
   Where the shapes already agree off `axis` (no broadcast), the substitute
   is `torch.gather`, the same values.
 
+Another lets Dynamo trace a layer with nested outputs:
+- Keras's `tree.flatten` (its torch implementation) compares tuples with
+  `is not`, which Dynamo does not trace; a functional model flattens each
+  layer's outputs, and T5Gemma's decoder layers return `(output, (cache,
+  cache))`. The substitute flattens lists, tuples and tensors in Keras's
+  order, and hands anything else to Keras.
 A fourth changes the compiled kernels, not the trace:
 
 - torch's `power(x1, x2)` makes a Python exponent a 0-d tensor. Inductor
@@ -153,6 +159,18 @@ def substitute_keras_helpers():
     @torch.compiler.substitute_in_graph(core.to_torch_dtype)
     def to_torch_dtype(dtype):
         return keras_to_torch_dtype(dtype)
+
+    from keras.src.tree import tree_api
+
+    keras_flatten = _copy(tree_api.tree_impl.flatten)
+
+    @torch.compiler.substitute_in_graph(tree_api.tree_impl.flatten)
+    def flatten(structure):
+        if type(structure) in (list, tuple):
+            return [leaf for item in structure for leaf in flatten(item)]
+        if structure is None or isinstance(structure, torch.Tensor):
+            return [structure]
+        return keras_flatten(structure)
 
     keras_take_along_axis = _copy(torch_numpy.take_along_axis)
 

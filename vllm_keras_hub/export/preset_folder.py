@@ -261,7 +261,7 @@ def write_model_folder(preset, directory, max_model_len=None):
 
 
 def _write_seq2seq_folder(preset, directory, family, backbone_config, tokenizer, max_model_len):
-    fields = seq2seq_spec.config_fields(family, backbone_config, tokenizer, max_model_len)
+    fields = seq2seq_spec.config_fields(preset, family, backbone_config, tokenizer, max_model_len)
     config_lib.KerasHubConfig(
         keras_hub_preset=preset.reference,
         keras_hub_family=family.name,
@@ -269,8 +269,8 @@ def _write_seq2seq_folder(preset, directory, family, backbone_config, tokenizer,
         torch_dtype=weights_dtype(backbone_config),
         **fields,
     ).save_pretrained(directory)
-    seq2seq_spec.write_generation_config(family, tokenizer, directory)
-    # Decoder prompts start with the start token, after vLLM's decoder start.
+    seq2seq_spec.write_generation_config(family, tokenizer, fields, directory)
+    # Decoder prompts start with the start token (after BART's decoder start).
     # KerasHub's own tokenizer, exported, even for a checkpoint that has its
     # own `tokenizer.json`: BART's wraps every text in `<s> ... </s>`, which
     # would end each decoder prompt with `</s>`.

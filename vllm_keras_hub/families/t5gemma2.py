@@ -8,7 +8,8 @@ FAMILY = Family(
     "T5Gemma2Backbone",
     route=None,
     unsupported_reason=(
-        "its encoder-decoder layers and its image encoder have no route to "
-        "vLLM's kernels yet; BART's is the one encoder-decoder built"
+        "its decoder attends with one softmax over its own keys and the "
+        "encoder's together (merged attention), where vLLM's kernels attend "
+        "to each alone; its image encoder has no route yet either"
     ),
 )

@@ -19,8 +19,9 @@ SAMPLING_RATE = 16000
 _DECODER_LENGTH = 64
 
 
-def build_tiny_moonshine(directory, seed=0):
-    """Saves a 2-layer Moonshine (72 wide, heads of 36) into `directory`."""
+def build_tiny_moonshine(directory, seed=0, **shape):
+    """Saves a 2-layer Moonshine (72 wide, heads of 36) into `directory`;
+    `shape`: `MoonshineBackbone` arguments over the tiny ones."""
     import keras
     import keras_hub
 
@@ -28,16 +29,10 @@ def build_tiny_moonshine(directory, seed=0):
 
     tokenizer = keras_hub.models.MoonshineTokenizer(proto=tiny_sentencepiece_proto(layout="llama"))
     keras.utils.set_random_seed(seed)
+    tiny = dict(filter_dim=72, encoder_num_layers=2, decoder_num_layers=2, hidden_dim=72,
+                intermediate_dim=96, encoder_num_heads=2, decoder_num_heads=2)  # fmt: skip
     backbone = keras_hub.models.MoonshineBackbone(
-        vocabulary_size=tokenizer.vocabulary_size(),
-        filter_dim=72,
-        encoder_num_layers=2,
-        decoder_num_layers=2,
-        hidden_dim=72,
-        intermediate_dim=96,
-        encoder_num_heads=2,
-        decoder_num_heads=2,
-        dtype="float32",
+        vocabulary_size=tokenizer.vocabulary_size(), dtype="float32", **{**tiny, **shape}
     )
     rng = np.random.default_rng(seed)
     for variable in backbone.weights:

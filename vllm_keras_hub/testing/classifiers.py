@@ -156,11 +156,7 @@ def packed_pairs(preset, firsts, seconds):
     """
     preprocessor = keras_hub.models.TextClassifierPreprocessor.from_preset(preset)
     inputs = preprocessor(x=(firsts, seconds))
-    if "padding_mask" in inputs:
-        mask = inputs["padding_mask"]
-    else:  # RoFormerV2's: its backbone masks the pad token's id.
-        mask = keras.ops.not_equal(inputs["token_ids"], classifier.preprocessor.tokenizer.pad_token_id)
-    counts = keras.ops.convert_to_numpy(mask).sum(axis=1)
+    counts = keras.ops.convert_to_numpy(inputs["padding_mask"]).sum(axis=1)
 
     def unpadded(rows):
         rows = keras.ops.convert_to_numpy(rows).tolist()
@@ -254,10 +250,6 @@ def save_hf_pair(family, directory, num_classes=3, sequence_length=SEQUENCE_LENG
     _save_hf_tokenizer(family, tokenizer, hf_folder)
 
     backbone = keras_hub.models.Backbone.from_preset(hf_folder)
-    if family in _REDRAW:
-        rng = np.random.default_rng(seed)
-        for variable in backbone.weights:
-            variable.assign(rng.normal(0, _REDRAW[family], variable.shape).astype(variable.dtype))
     preprocessor = classifier_cls.preprocessor_cls(
         tokenizer=tokenizer, sequence_length=sequence_length
     )

@@ -52,6 +52,48 @@ def build_tiny_bart(directory, seed=0):
     return directory
 
 
+def build_tiny_t5gemma(directory, seed=0):
+    """Saves a 2 + 2 layer T5Gemma (64 wide, two query heads of 32 on one
+    key/value head) into `directory`: each stack a sliding layer (a window
+    of 4) then a full one, with attention and final soft caps, as Gemma 2's.
+    Its weights are drawn wider, and its output embedding untied: a tied,
+    random one predicts the token just read, which a rotary-only decoder
+    then repeats."""
+    import keras
+    import keras_hub
+
+    from vllm_keras_hub.testing.tokenizers import tiny_sentencepiece_proto
+
+    tokenizer = keras_hub.models.T5GemmaTokenizer(proto=tiny_sentencepiece_proto())
+    keras.utils.set_random_seed(seed)
+    kinds = ["sliding_attention", "full_attention"]
+    stack = dict(hidden_dim=64, intermediate_dim=128, num_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=32, layer_types=kinds)  # fmt: skip
+    backbone = keras_hub.models.T5GemmaBackbone(
+        vocabulary_size=tokenizer.vocabulary_size(),
+        **{f"{side}_{key}": value for side in ("encoder", "decoder") for key, value in stack.items()},
+        query_pre_attn_scalar=32,
+        sliding_window=4,
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+    rng = np.random.default_rng(seed)
+    for variable in backbone.weights:
+        if "norm" in variable.path:
+            continue
+        scale = 0.05 if "embedding" in variable.path else 0.3
+        variable.assign(rng.normal(0, scale, variable.shape).astype("float32"))
+    preprocessor = keras_hub.models.T5GemmaSeq2SeqLMPreprocessor(
+        tokenizer=tokenizer, encoder_sequence_length=128, decoder_sequence_length=128
+    )
+    seq2seq = keras_hub.models.T5GemmaSeq2SeqLM(backbone=backbone, preprocessor=preprocessor)
+    os.makedirs(directory, exist_ok=True)
+    seq2seq.save_to_preset(directory)
+    return directory
+
+
 def keras_hub_greedy(preset, texts, max_new_tokens, decoder_texts=None):
     """The preset's own greedy tokens for each encoder text, after its decoder prompt.
 

@@ -1,4 +1,4 @@
-"""KerasHub `Seq2SeqLM` presets on vLLM's encoder-decoder runner (BART).
+"""KerasHub `Seq2SeqLM` presets on vLLM's encoder-decoder runner (BART, T5Gemma).
 
 `spec.py` writes the model folder vLLM reads (an encoder-decoder config, the
 preset's own sampler as the default), `processor.py` takes each request's

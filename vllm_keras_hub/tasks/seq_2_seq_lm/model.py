@@ -107,34 +107,24 @@ def attend(layer, kernel, query, key, value):
     output = ops.reshape(output, (*shape[:-1], size))
     if size != shape[-1]:
         output = output[..., : shape[-1]]
-    return layer._output_dense(output)
+    return projection(layer, "output")(output)
 
 
-def _self_attention(self, query, value, key=None, attention_mask=None, cache=None,
-                    cache_update_index=None, return_attention_scores=False, training=None):  # fmt: skip
-    # vLLM's kernel masks causally over the paged cache: the mask the
-    # decoder layer made for its own dense path is not needed.
-    return attend(
-        self, self._vllm_attention,
-        self._query_dense(query), self._key_dense(value), self._value_dense(value),
-    )  # fmt: skip
-
-
-def _cross_attention(self, query, value, key=None, attention_mask=None, cache=None,
-                     cache_update_index=None, return_attention_scores=False, training=None):  # fmt: skip
-    return cross_attend(self, query, value, value)
+def projection(layer, name):
+    """`layer`'s `query`, `key`, `value` or `output` dense layer: Keras's
+    attention names them privately (`_query_dense`), Gemma's publicly."""
+    return getattr(layer, f"_{name}_dense", None) or getattr(layer, f"{name}_dense")
 
 
 def cross_attend(layer, query, key, value):
     """Cross-attention on `layer`'s vLLM kernel. Only on the step a request's
     encoder ran are its keys and values projected; vLLM's cache holds them
     for every later step."""
-    query = layer._query_dense(query)
+    query = projection(layer, "query")(query)
     if ops.shape(value)[1] == 0:
         return attend(layer, layer._vllm_attention, query, None, None)
-    return attend(
-        layer, layer._vllm_attention, query, layer._key_dense(key), layer._value_dense(value)
-    )
+    key, value = projection(layer, "key")(key), projection(layer, "value")(value)
+    return attend(layer, layer._vllm_attention, query, key, value)
 
 
 class EncoderDecoderModel(nn.Module, SupportsMultiModal):
@@ -148,10 +138,10 @@ class EncoderDecoderModel(nn.Module, SupportsMultiModal):
     """
 
     # The `config.json` key of the task's fields, and each decoder layer's
-    # attention calls.
+    # attention calls (a subclass's, or its family's).
     field = FIELD
-    self_attention_call = staticmethod(_self_attention)
-    cross_attention_call = staticmethod(_cross_attention)
+    self_attention_call = None
+    cross_attention_call = None
 
     @classmethod
     def get_placeholder_str(cls, modality, i):
@@ -171,21 +161,26 @@ class EncoderDecoderModel(nn.Module, SupportsMultiModal):
         self.family = families.family_by_name(self.config.keras_hub_family)
         self.preset = served(self.config.keras_hub_preset)
         self.backbone = None
-        heads, head_size = self.seq2seq["num_heads"], self.seq2seq["head_size"]
-        size, scale = kernel_head_size(head_size, vllm_config), head_size**-0.5
-        cache_config = vllm_config.cache_config
+        fields = self.seq2seq
+        heads, head_size = fields["num_heads"], fields["head_size"]
+        options = dict(
+            num_kv_heads=fields.get("num_kv_heads") or heads,
+            cache_config=vllm_config.cache_config,
+            logits_soft_cap=fields.get("soft_cap"),
+        )
+        size = kernel_head_size(head_size, vllm_config)
+        scale = fields.get("scale") or head_size**-0.5
+        windows = fields.get("sliding_windows") or [None] * fields["num_layers"]
         self.self_attention = nn.ModuleList()
         self.cross_attention = nn.ModuleList()
-        for index in range(self.seq2seq["num_layers"]):
+        for index in range(fields["num_layers"]):
             self.self_attention.append(
-                Attention(heads, size, scale, num_kv_heads=heads,
-                          cache_config=cache_config, prefix=f"{prefix}decoder.{index}.self_attention")
+                Attention(heads, size, scale, per_layer_sliding_window=windows[index],
+                          prefix=f"{prefix}decoder.{index}.self_attention", **options)
             )  # fmt: skip
             self.cross_attention.append(
-                CrossAttention(heads, size, scale, num_kv_heads=heads,
-                               cache_config=cache_config,
-                               prefix=f"{prefix}decoder.{index}.cross_attention",
-                               attn_type=AttentionType.ENCODER_DECODER)
+                CrossAttention(heads, size, scale, attn_type=AttentionType.ENCODER_DECODER,
+                               prefix=f"{prefix}decoder.{index}.cross_attention", **options)
             )  # fmt: skip
 
     def load_preset(self, lora_weights=None):
@@ -287,4 +282,20 @@ class EncoderDecoderModel(nn.Module, SupportsMultiModal):
     dummy_inputs=processor.Seq2SeqDummyInputsBuilder,
 )
 class KerasHubForConditionalGeneration(EncoderDecoderModel):
-    """A KerasHub `Seq2SeqLM` preset (BART): a text in, a text out."""
+    """A KerasHub `Seq2SeqLM` preset (BART, T5Gemma): a text in, a text out.
+
+    Its family's `seq2seq` part (`families/<family>/seq2seq.py`) gives the
+    decoder's attention calls, embedding and logits.
+    """
+
+    def __init__(self, *, vllm_config, prefix=""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self.parts = families.part(self.family, "seq2seq")
+        self.self_attention_call = self.parts.self_attention_call
+        self.cross_attention_call = self.parts.cross_attention_call
+
+    def embed_input_ids(self, input_ids, multimodal_embeddings=None, *, is_multimodal=None):
+        return self.parts.decoder_embedding(self.backbone)(input_ids)
+
+    def compute_logits(self, hidden_states):
+        return self.parts.logits(self.backbone, hidden_states)

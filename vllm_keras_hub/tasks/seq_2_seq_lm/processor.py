@@ -4,7 +4,8 @@ vLLM keeps an encoder prompt of token ids only where it came with
 multimodal data (`vllm/inputs/engine.py`, `build_enc_dec_input`): a text-only
 encoder prompt is emptied. So the encoder's text is an item of a `"text"`
 modality, as vLLM's BART plugin takes it: packed here as the preset's own
-preprocessor packs it (`[start] tokens [end]`), run once by the model's
+preprocessor packs it (BART: `[start] tokens [end]`; the family's part
+says, `fields.py`), run once by the model's
 `embed_multimodal`, and held by vLLM as an encoder input of that many
 tokens (the cross-attention's keys and values). The decoder prompt is
 vLLM's prompt, after the decoder start token vLLM puts first.
@@ -80,12 +81,16 @@ class Seq2SeqProcessingInfo(BaseProcessingInfo):
                 raise ValueError("The encoder text is empty.")
             item = self.get_tokenizer().encode(item, add_special_tokens=False)
         encoder = self.encoder
-        ids = [encoder["start_token_id"], *item, encoder["end_token_id"]]
+        ids = [
+            *([encoder["start_token_id"]] if encoder["encoder_start"] else []),
+            *item,
+            *([encoder["end_token_id"]] if encoder["encoder_end"] else []),
+        ]
         limit = encoder["max_encoder_tokens"]
         if len(ids) > limit:
             raise ValueError(
-                f"The encoder text is {len(ids)} tokens with its start and end "
-                f"tokens, over the {limit} this preset's encoder takes."
+                f"The encoder text is {len(ids)} tokens as the preprocessor packs "
+                f"it, over the {limit} this preset's encoder takes."
             )
         return ids
 
@@ -100,7 +105,8 @@ class Seq2SeqDummyInputsBuilder(BaseDummyInputsBuilder[Seq2SeqProcessingInfo]):
         if not mm_counts.get(MODALITY):
             return {}
         encoder = self.info.encoder
-        return {MODALITY: [[encoder["end_token_id"]] * (encoder["max_encoder_tokens"] - 2)]}
+        packed = int(encoder["encoder_start"]) + int(encoder["encoder_end"])
+        return {MODALITY: [[encoder["end_token_id"]] * (encoder["max_encoder_tokens"] - packed)]}
 
 
 class Seq2SeqProcessor(EncDecMultiModalProcessor[Seq2SeqProcessingInfo]):
@@ -111,8 +117,8 @@ class Seq2SeqProcessor(EncDecMultiModalProcessor[Seq2SeqProcessingInfo]):
 
     def create_decoder_prompt(self, prompt, mm_items):
         # Only where a request gives no decoder prompt (`renderer.py`): the
-        # preprocessor's empty one, its start token after vLLM's decoder start.
-        return [self.info.encoder["start_token_id"]]
+        # preprocessor's empty one, after vLLM's decoder start token.
+        return list(self.info.encoder["decoder_prompt"])
 
     def _call_hf_processor(self, hf_data, hf_kwargs):
         ids = [

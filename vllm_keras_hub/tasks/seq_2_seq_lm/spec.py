@@ -1,12 +1,16 @@
-"""The model folder of a `Seq2SeqLM` preset: what vLLM reads to serve it."""
+"""The model folder of a `Seq2SeqLM` preset: what vLLM reads to serve it.
+
+Each family's `seq2seq` part (`families/<family>/seq2seq.py`) says its
+dims and how its preprocessor packs prompts (`fields.py`).
+"""
 
 import json
 import os
 
 import keras_hub
 
+from vllm_keras_hub import families
 from vllm_keras_hub.export import sampling
-from vllm_keras_hub.export.backbone_fields import model_dims
 from vllm_keras_hub.tasks.seq_2_seq_lm import ARCHITECTURE
 from vllm_keras_hub.tasks.seq_2_seq_lm import FIELD
 
@@ -16,14 +20,11 @@ def seq2seq_lm_class(family):
     return getattr(keras_hub.models, family.seq2seq)
 
 
-def config_fields(family, backbone_config, tokenizer, max_model_len=None):
-    """The `config.json` fields of an encoder-decoder preset.
-
-    vLLM starts each decoder prompt with `decoder_start_token_id` where it
-    is not there already; BART's preprocessor starts it with the end token
-    then the start token, which the exported tokenizer adds.
-    """
-    dims = model_dims(backbone_config)
+def config_fields(preset, family, backbone_config, tokenizer, max_model_len=None):
+    """The `config.json` fields of an encoder-decoder preset."""
+    dims, fields = families.part(family, "seq2seq").config_fields(
+        preset, backbone_config, tokenizer
+    )
     longest = dims["max_position_embeddings"]
     if max_model_len is not None:
         if max_model_len > longest:
@@ -35,31 +36,23 @@ def config_fields(family, backbone_config, tokenizer, max_model_len=None):
     return {
         "architectures": [ARCHITECTURE],
         "is_encoder_decoder": True,
-        "decoder_start_token_id": tokenizer.end_token_id,
+        # vLLM starts each decoder prompt with it where it is not there already.
+        "decoder_start_token_id": fields["decoder_start_token_id"],
         "eos_token_id": tokenizer.end_token_id,
         "bos_token_id": tokenizer.start_token_id,
         "pad_token_id": tokenizer.pad_token_id,
         **dims,
-        FIELD: {
-            "num_layers": dims["num_hidden_layers"],
-            "num_heads": dims["num_attention_heads"],
-            "head_size": dims["head_dim"],
-            "hidden_dim": dims["hidden_size"],
-            # The encoder's learned positions bound its text.
-            "max_encoder_tokens": longest,
-            "start_token_id": tokenizer.start_token_id,
-            "end_token_id": tokenizer.end_token_id,
-        },
+        FIELD: fields,
     }
 
 
-def write_generation_config(family, tokenizer, directory):
+def write_generation_config(family, tokenizer, fields, directory):
     """Stops on the end token; samples with the preset's own default sampler."""
     sampler = sampling.default_sampler(seq2seq_lm_class(family))
-    fields = {
+    generation = {
         "eos_token_id": [tokenizer.end_token_id],
-        "decoder_start_token_id": tokenizer.end_token_id,
+        "decoder_start_token_id": fields[FIELD]["decoder_start_token_id"],
         **sampling.generation_config_fields(sampler),
     }
     with open(os.path.join(directory, "generation_config.json"), "w") as f:
-        json.dump(fields, f, indent=2)
+        json.dump(generation, f, indent=2)

@@ -1,4 +1,8 @@
-"""BART: an encoder-decoder, served as its `Seq2SeqLM` (`tasks/seq_2_seq_lm/`)."""
+"""BART: an encoder-decoder, served as its `Seq2SeqLM` (`tasks/seq_2_seq_lm/`).
+
+Its parts beyond this row: `seq2seq.py`, what its model folder records and
+how its decoder's attention reaches vLLM.
+"""
 
 from vllm_keras_hub.families.family import Family
 from vllm_keras_hub.families.family import OURS
