@@ -1,4 +1,5 @@
-"""The vLLM model class of KerasHub `Seq2SeqLM` presets (BART).
+"""The vLLM model class of KerasHub `Seq2SeqLM` presets (BART, T5Gemma), and
+what it shares with `AudioToText`'s (`tasks/audio_to_text/model.py`).
 
 The backbone's own functional graph, cut at the encoder's output (as
 `models/pipeline.py` cuts stages), gives two models of the preset's own
@@ -8,8 +9,9 @@ decoder tokens. Each decoder layer's two attention layers hand their heads
 to vLLM: self-attention to an `Attention` over the paged KV cache, and
 cross-attention to a `CrossAttention`, which keeps the encoder's keys and
 values in the cache from the step the encoder ran, so later steps project
-none. The learned positions take vLLM's per-token positions from keras-hub's
-serving context, as keras-hub's own routes do.
+none. Positions are vLLM's per-token ones, from keras-hub's serving
+context: BART's learned positions read it as keras-hub's own routes do,
+and T5Gemma's rotary layers are given it (its family's `seq2seq` part).
 
 The encoder's own self-attention runs as Keras computes it, once per
 request over its whole text: vLLM keeps no cache for it.
