@@ -181,7 +181,38 @@ def render(recorded):
     lines += [
         f"- {name}: {run['commit']}, {run['date']}" for name, run in recorded["runs"].items()
     ]
+    lines += ["", *_task_rows()]
     return "\n".join(lines) + "\n"
+
+
+def _task_rows():
+    """The other tasks served, from the family table: their own pages name
+    each claim's test and tier."""
+    from vllm_keras_hub.tasks.text_classifier.spec import HEADS
+    from vllm_keras_hub.testing.classifiers import TINY_CLASSIFIERS
+
+    classifiers = {head.backbone: name for name, head in HEADS.items()}
+    # Scoring pairs is proven where a tiny cross-encoder is tested.
+    pairs = {task for name, (task, _, _) in TINY_CLASSIFIERS.items() if "cross_encoder" in name}
+    lines = [
+        "The other tasks, each proven on its own page (not a recorded run's cells):",
+        "",
+        "| family | task | served on | page |",
+        "| --- | --- | --- | --- |",
+    ]
+    for family in families.FAMILIES:
+        tasks = [
+            (family.embedder, "`/v1/embeddings`", "embeddings.md"),
+            (classifiers.get(family.backbone), "`/classify`" + (
+                "; one output: `/v1/score`, `/v1/rerank`"
+                if classifiers.get(family.backbone) in pairs else ""), "classifiers.md"),
+            (family.seq2seq, "`/v1/completions`", "seq2seq.md"),
+            (family.audio_to_text, "`/v1/audio/transcriptions`", "speech-to-text.md"),
+        ]  # fmt: skip
+        for task, endpoint, page in tasks:
+            if task and family.route is not None:
+                lines.append(f"| {family.display_name} | `{task}` | {endpoint} | [{page}]({page}) |")
+    return lines
 
 
 def _refusal_reasons(refused):
