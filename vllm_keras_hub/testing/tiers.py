@@ -136,7 +136,7 @@ SLICES = {
     # two nodes; data parallelism; tensor and pipeline parallelism together,
     # with KV sharing and state across stages; media presets and drafts at
     # two ranks; vLLM native's logprobs; Gemma4's preemption; an exported
-    # Moonshine folder transcribing under plain vLLM.
+    # Moonshine folder transcribing under plain vLLM; T5Gemma.
     4: (
         "tests/reliability_test.py::*",
         "vllm_keras_hub/vllm_fixes/saved_compile_test.py::*",
@@ -152,6 +152,7 @@ SLICES = {
         "tests/features_test.py::test_logprobs_match_vllm_native",
         "tests/preemption_test.py::*[gemma4]",
         "vllm_keras_hub/tasks/audio_to_text/audio_to_text_test.py::test_an_exported_folder_transcribes_with_plain_vllm",
+        "vllm_keras_hub/families/t5gemma/t5gemma_test.py::*",
     ),
 }
 
