@@ -174,14 +174,17 @@ def write_model_folder(preset, directory, max_model_len=None):
     preset = Preset(resolve_preset(preset))
     family, backbone_config, causal_lm_cls = read_preset(preset)
     if family.audio_to_text:
-        # keras-hub's Moonshine tokenizer names no backbone of its own: its task's names it.
+        # Its task names its tokenizer class (`read_tokenizers`).
         causal_lm_cls = audio_to_text_spec.audio_to_text_class(family)
     tokenizer, checkpoint = read_tokenizers(preset, backbone_config, causal_lm_cls)
-    if family.seq2seq:
-        return _write_seq2seq_folder(preset, directory, family, backbone_config, tokenizer, max_model_len)
-    if family.audio_to_text:
-        return _write_audio_to_text_folder(
-            preset, directory, family, backbone_config, tokenizer, max_model_len
+    if family.encoder_decoder:
+        spec, mode = (
+            (seq2seq_spec, config_lib.SEQ2SEQ_TOKENIZER_MODE)
+            if family.seq2seq
+            else (audio_to_text_spec, config_lib.AUDIO_TO_TEXT_TOKENIZER_MODE)
+        )
+        return _write_encoder_decoder_folder(
+            spec, mode, preset, directory, family, backbone_config, tokenizer, max_model_len
         )
     task, spec = tasks.read(preset, family, backbone_config)
     if spec is None and family.embedder_only:
@@ -260,8 +263,12 @@ def write_model_folder(preset, directory, max_model_len=None):
     return mode
 
 
-def _write_seq2seq_folder(preset, directory, family, backbone_config, tokenizer, max_model_len):
-    fields = seq2seq_spec.config_fields(preset, family, backbone_config, tokenizer, max_model_len)
+def _write_encoder_decoder_folder(spec, mode, preset, directory, family, backbone_config,
+                                  tokenizer, max_model_len):  # fmt: skip
+    """`write_model_folder` for an encoder-decoder task, its `spec` module
+    (`tasks/seq_2_seq_lm/spec.py`, `tasks/audio_to_text/spec.py`); returns
+    its tokenizer mode `mode`."""
+    fields = spec.config_fields(preset, family, backbone_config, tokenizer, max_model_len)
     config_lib.KerasHubConfig(
         keras_hub_preset=preset.reference,
         keras_hub_family=family.name,
@@ -269,44 +276,20 @@ def _write_seq2seq_folder(preset, directory, family, backbone_config, tokenizer,
         torch_dtype=weights_dtype(backbone_config),
         **fields,
     ).save_pretrained(directory)
-    seq2seq_spec.write_generation_config(family, tokenizer, fields, directory)
-    # Decoder prompts start with the start token (after BART's decoder start).
-    # KerasHub's own tokenizer, exported, even for a checkpoint that has its
-    # own `tokenizer.json`: BART's wraps every text in `<s> ... </s>`, which
+    spec.write_generation_config(family, tokenizer, fields, directory)
+    # Decoder prompts and a request's prompt text start with the start token,
+    # as the preprocessors pack them (after BART's decoder start). KerasHub's
+    # own tokenizer, exported, even for a checkpoint that has its own
+    # `tokenizer.json`: BART's wraps every text in `<s> ... </s>`, which
     # would end each decoder prompt with `</s>`.
-    mode = _write_tokenizer(preset, tokenizer, directory, add_start_token=True)
-    if mode != "auto":
+    if _write_tokenizer(preset, tokenizer, directory, add_start_token=True) != "auto":
         raise PresetError(
             f"Cannot serve '{preset}': its {family.display_name} tokenizer cannot be "
             "exported exactly, and an encoder-decoder preset is served with its "
             "exported tokenizer only."
         )
-    return config_lib.SEQ2SEQ_TOKENIZER_MODE
+    return mode
 
-
-
-def _write_audio_to_text_folder(preset, directory, family, backbone_config, tokenizer, max_model_len):
-    fields = audio_to_text_spec.config_fields(
-        preset, family, backbone_config, tokenizer, max_model_len
-    )
-    config_lib.KerasHubConfig(
-        keras_hub_preset=preset.reference,
-        keras_hub_family=family.name,
-        keras_hub_config_digest=config_digest(backbone_config),
-        torch_dtype=weights_dtype(backbone_config),
-        **fields,
-    ).save_pretrained(directory)
-    audio_to_text_spec.write_generation_config(family, tokenizer, directory)
-    # A request's prompt text continues the start token, as the
-    # preprocessor packs it.
-    mode = _write_tokenizer(preset, tokenizer, directory, add_start_token=True)
-    if mode != "auto":
-        raise PresetError(
-            f"Cannot serve '{preset}': its {family.display_name} tokenizer cannot be "
-            "exported exactly, and a speech-to-text preset is served with its "
-            "exported tokenizer only."
-        )
-    return config_lib.AUDIO_TO_TEXT_TOKENIZER_MODE
 
 def _write_pooling_folder(
     preset, directory, family, backbone_config, tokenizer, task, spec, max_model_len, checkpoint

@@ -93,13 +93,13 @@ def config_fields(preset, family, backbone_config, tokenizer, max_model_len=None
     }
 
 
-def write_generation_config(family, tokenizer, directory):
+def write_generation_config(family, tokenizer, fields, directory):
     """Stops on the end token; samples with the preset's own default sampler."""
     sampler = sampling.default_sampler(audio_to_text_class(family))
-    fields = {
+    generation = {
         "eos_token_id": [tokenizer.end_token_id],
-        "decoder_start_token_id": tokenizer.start_token_id,
+        "decoder_start_token_id": fields["decoder_start_token_id"],
         **sampling.generation_config_fields(sampler),
     }
     with open(os.path.join(directory, "generation_config.json"), "w") as f:
-        json.dump(fields, f, indent=2)
+        json.dump(generation, f, indent=2)
